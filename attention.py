@@ -1,0 +1,186 @@
+"""
+Multi-head attention, written out by hand, with fused kernels one config value away.
+
+The whole idea is in `manual_attention`: every query scores every key (q·kᵀ/√d), keys in the
+future are masked to -inf so the softmax gives them zero weight, and the output is the weighted
+sum of the values. `MultiHeadAttention` adds the projections and the split into heads.
+
+`backend` picks who computes that same function:
+  "manual"  the few lines below; can return the attention weights; the fastest under bf16 on CPU
+  "sdpa"    torch.nn.functional.scaled_dot_product_attention, PyTorch picks the kernel
+  "flash"   a FlashAttention kernel: the flash-attn package (FA3 on Hopper, else FA2) when it is
+            installed and the tensors are fp16/bf16 on CUDA; otherwise PyTorch's own FlashAttention
+            kernel, which also runs on CPU (without dropout)
+  "fa2", "fa3"  the flash-attn package only; an error if it cannot run here
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = ("manual", "sdpa", "flash", "fa2", "fa3")
+
+try:  # FlashAttention 2 (Ampere and newer), from the optional flash-attn package
+    from flash_attn import flash_attn_func as fa2_func
+except ImportError:
+    fa2_func = None
+try:  # FlashAttention 3 (Hopper), built from the same package's hopper/ directory
+    from flash_attn_interface import flash_attn_func as fa3_func
+except ImportError:
+    fa3_func = None
+
+
+def manual_attention(q, k, v, mask=None, dropout_p=0.0):
+    """q: (B, nh, Tq, hs), k and v: (B, nh, Tk, hs); mask: (Tq, Tk), True where a query may look."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # the future gets zero weight after softmax
+    weights = F.softmax(scores, dim=-1)  # each row sums to one
+    y = F.dropout(weights, dropout_p) @ v  # (B, nh, Tq, hs)
+    return y, weights
+
+
+def causal_mask(n_query, n_key, device=None):
+    """(Tq, Tk) mask for queries that are the *last* Tq of Tk positions (bottom-right aligned), as
+    with a KV cache: query i sits at position Tk - Tq + i and may see keys 0 .. Tk - Tq + i."""
+    return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(diagonal=n_key - n_query)
+
+
+def flash_attn_package(backend, q):
+    """The flash-attn function to call for these tensors, or None to use PyTorch's kernel."""
+    on_hopper = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+    if backend == "fa3" or (backend == "flash" and fa3_func is not None and on_hopper):
+        return fa3_func if q.is_cuda and on_hopper else None
+    if backend in ("fa2", "flash") and q.is_cuda and fa2_func is not None:
+        return fa2_func
+    return None
+
+
+def check_backend(backend, device_type, dtype, dropout):
+    """Raise ValueError, saying what to change, if `backend` cannot run on this device and dtype."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend in ("fa2", "fa3"):
+        fn = fa2_func if backend == "fa2" else fa3_func
+        if fn is None:
+            raise ValueError(f"attention={backend!r} needs the flash-attn package, which is not installed "
+                             "(pip install flash-attn on a CUDA machine); use attention='flash' for PyTorch's kernel")
+        if device_type != "cuda":
+            raise ValueError(f"attention={backend!r} runs only on CUDA GPUs; use attention='flash' or 'sdpa' on {device_type}")
+        if dtype == torch.float32:
+            raise ValueError(f"attention={backend!r} needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
+        if backend == "fa3" and dropout > 0:
+            raise ValueError("attention='fa3' has no dropout; set dropout=0 or use attention='fa2'")
+    if backend == "flash" and device_type == "cpu" and dropout > 0:
+        raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
+    if backend == "flash" and device_type == "cuda" and dtype == torch.float32:
+        raise ValueError("attention='flash' on CUDA needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
+
+
+class KVCache:
+    """Keys and values of the tokens already seen, so each new token costs one row of attention
+    instead of a recomputation of the whole context. One per attention layer."""
+
+    def __init__(self, max_len):
+        self.max_len = max_len
+        self.k = self.v = None
+        self.pos = 0  # how many positions are filled
+
+    def append(self, k, v):
+        """Store k, v (B, nh, T, hs) after the cached ones; return all keys and values so far."""
+        if self.k is None:  # allocated on first use, so it takes the dtype autocast gives k and v
+            B, nh, _, hs = k.shape
+            self.k = k.new_empty(B, nh, self.max_len, hs)
+            self.v = v.new_empty(B, nh, self.max_len, hs)
+        end = self.pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
+        self.k[:, :, self.pos:end] = k
+        self.v[:, :, self.pos:end] = v
+        self.pos = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class MultiHeadAttention(nn.Module):
+    """Self-attention (causal by default), or cross-attention when `context` is given."""
+
+    def __init__(self, n_embd, n_head, block_size, dropout=0.0, bias=True, backend="manual", causal=True):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.n_head, self.dropout, self.backend, self.causal = n_head, dropout, backend, causal
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
+        self.resid_dropout = nn.Dropout(dropout)
+        # built once, not per call; sliced to (Tq, Tk) bottom-right in forward
+        self.register_buffer("mask", causal_mask(block_size, block_size), persistent=False)
+
+    def forward(self, x, context=None, kv_cache=None, need_weights=False):
+        """x: (B, Tq, C); context: (B, Tk, C) for cross-attention. Returns (y, weights or None)."""
+        B, Tq, C = x.shape
+        if context is None:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:  # queries from x; keys and values from the other sequence, with the same weights
+            w_q, w_kv = self.c_attn.weight.split([C, 2 * C])
+            b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
+            q = F.linear(x, w_q, b_q)
+            k, v = F.linear(context, w_kv, b_kv).split(C, dim=2)
+        hs = C // self.n_head
+        q, k, v = (t.view(B, t.size(1), self.n_head, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, nh, Tk, hs): the cached keys, then these
+        Tk = k.size(2)
+        causal = self.causal and context is None
+        dropout_p = self.dropout if self.training else 0.0
+
+        weights = None
+        if self.backend == "manual" or need_weights:
+            mask = self.mask[Tk - Tq:Tk, :Tk] if causal else None
+            y, weights = manual_attention(q, k, v, mask, dropout_p)
+        elif self.backend == "sdpa":
+            y = self.sdpa(q, k, v, causal, dropout_p)
+        else:
+            y = self.flash(q, k, v, causal, dropout_p)
+        y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side again
+        return self.resid_dropout(self.c_proj(y)), weights
+
+    def sdpa(self, q, k, v, causal, dropout_p):
+        Tq, Tk = q.size(2), k.size(2)
+        if not causal or Tq == 1:  # a single newest query may see every key
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        if Tq == Tk:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        # is_causal=True would align the mask top-left, which is wrong when queries follow a cache
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[Tk - Tq:Tk, :Tk], dropout_p=dropout_p)
+
+    def flash(self, q, k, v, causal, dropout_p):
+        fn = flash_attn_package(self.backend, q)
+        if fn is not None:
+            if q.dtype not in (torch.float16, torch.bfloat16):
+                raise ValueError("the flash-attn package needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # flash-attn takes (B, T, nh, hs)
+            if fn is fa3_func:
+                if dropout_p > 0:
+                    raise ValueError("FlashAttention 3 has no dropout; set dropout=0 or use attention='fa2'")
+                y = fn(qt, kt, vt, causal=causal)  # bottom-right aligned, as a KV cache needs
+                y = y[0] if isinstance(y, tuple) else y  # some FA3 builds also return the logsumexp
+            else:
+                y = fn(qt, kt, vt, dropout_p=dropout_p, causal=causal)
+            return y.transpose(1, 2)
+        if self.backend != "flash":
+            raise ValueError(f"attention={self.backend!r} cannot run here: it needs the flash-attn package and "
+                             "fp16/bf16 tensors on a CUDA GPU; use attention='flash' for PyTorch's kernel")
+        if dropout_p > 0 and not q.is_cuda:
+            raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
+        B, nh, Tq, hs = q.shape
+        Tk = k.size(2)
+        pad = Tk - Tq if causal and 1 < Tq < Tk else 0
+        if pad:  # the kernel aligns is_causal top-left; put blank queries first so ours sit bottom-right
+            q = torch.cat([q.new_zeros(B, nh, pad, hs), q], dim=2)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and Tq > 1)
+        return y[:, :, pad:]

@@ -1,0 +1,226 @@
+"""
+The whole GPT in one file: a GPT-2 style decoder-only Transformer, sampling with a KV cache, and
+loading of GPT-2 weights in Hugging Face format.
+
+References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Hugging Face's GPT-2.
+"""
+import inspect
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attention import BACKENDS, KVCache, MultiHeadAttention
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50257
+    block_size: int = 1024  # longest context the model sees
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
+    attention: str = "manual"  # one of attention.BACKENDS
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
+                             f"(e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in BACKENDS:
+            raise ValueError(f"unknown attention backend {self.attention!r}; choose one of {', '.join(BACKENDS)}")
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        # GPT-2 uses the tanh approximation of GELU; the exact one would break weight parity
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.block_size,
+                                       config.dropout, config.bias, config.attention)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, need_weights=False):
+        y, weights = self.attn(self.ln_1(x), kv_cache=kv_cache, need_weights=need_weights)
+        x = x + y
+        return x + self.mlp(self.ln_2(x)), weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
+            wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix reads and writes tokens
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding=True):
+        """Parameter count; position embeddings are left out by default, as in the 6N FLOPs rule."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def new_kv_cache(self):
+        return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
+
+    def forward(self, idx, targets=None, kv_cache=None, need_weights=False):
+        """idx: (B, T) token ids, after the kv_cache's positions if one is given. Returns (logits, loss),
+        logits (B, T, vocab); with need_weights=True, (logits, loss, [per-layer (B, nh, T, T_all)])."""
+        B, T = idx.shape
+        start = kv_cache[0].pos if kv_cache else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"{start + T} positions exceed block_size={self.config.block_size}; crop the context")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        all_weights = []
+        for i, block in enumerate(self.transformer.h):
+            x, weights = block(x, kv_cache[i] if kv_cache else None, need_weights)
+            all_weights.append(weights)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+        return (logits, loss, all_weights) if need_weights else (logits, loss)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on matrices (Linear weights, embeddings) only, not on biases and norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+
+    @torch.no_grad()
+    def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
+               generator=None):
+        """Yield (B, 1) new tokens one at a time, each conditioned on idx (B, T) and those before it.
+        Past block_size the window jumps forward by half a block, the same rule with or without the
+        cache, so both give the same tokens and the cache is rebuilt only once per half block."""
+        block_size = self.config.block_size
+        start = max(0, idx.size(1) - block_size)  # the window is idx[:, start:]
+        cache = None
+        for _ in range(max_new_tokens):
+            if idx.size(1) - start > block_size:
+                start = idx.size(1) - max(1, block_size // 2)
+                cache = None
+            if not use_kv_cache:
+                logits, _ = self(idx[:, start:])
+            elif cache is None:  # fill the cache with the whole window
+                cache = self.new_kv_cache()
+                logits, _ = self(idx[:, start:], kv_cache=cache)
+            else:  # only the newest token goes through the model
+                logits, _ = self(idx[:, -1:], kv_cache=cache)
+            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            idx = torch.cat((idx, next_token), dim=1)
+            yield next_token
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
+                 generator=None):
+        """Return idx (B, T) extended by max_new_tokens sampled tokens; temperature=0 is greedy."""
+        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, generator))
+        return torch.cat([idx] + new, dim=1)
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir, **overrides):
+        """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
+        or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...)."""
+        directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
+        with open(os.path.join(directory, "config.json")) as f:
+            hf = json.load(f)
+        config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, **overrides)
+        model = cls(config)
+        sd_hf = load_hf_state_dict(directory)
+        sd = model.state_dict()
+        # Hugging Face keeps these four as Conv1D with (in, out) weights; nn.Linear wants (out, in)
+        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        for key in sd:  # our names are GPT2LMHeadModel's; plain GPT2Model files lack "transformer."
+            candidates = [key, key.removeprefix("transformer.")]
+            if key == "lm_head.weight":  # often not saved at all, since it is tied to wte
+                candidates += ["transformer.wte.weight", "wte.weight"]
+            w = next((sd_hf[c] for c in candidates if c in sd_hf), None)
+            if w is None:
+                raise ValueError(f"{directory}: weights have no tensor for {key}")
+            w = w.t() if key.endswith(conv1d) else w
+            if w.shape != sd[key].shape:
+                raise ValueError(f"{directory}: {key} has shape {tuple(w.shape)}, expected {tuple(sd[key].shape)}")
+            sd[key].copy_(w)
+        return model
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
+    softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep tokens until top_p is reached
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def download_from_hub(name):
+    """Fetch config.json and the weights of a Hugging Face model; a clear error offline."""
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(name, allow_patterns=["config.json", "model.safetensors"])
+    except Exception as e:
+        raise ValueError(f"could not get {name!r} from the Hugging Face hub ({type(e).__name__}); it is not a local "
+                         "directory either. Download it once with network, or pass a directory holding "
+                         "config.json and model.safetensors") from None
+
+
+def load_hf_state_dict(directory):
+    path = os.path.join(directory, "model.safetensors")
+    if os.path.exists(path):
+        from safetensors.torch import load_file
+        return load_file(path)
+    path = os.path.join(directory, "pytorch_model.bin")
+    if os.path.exists(path):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
