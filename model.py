@@ -99,6 +99,15 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
+    def crop_block_size(self, block_size):
+        """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size for cheaper fine-tuning."""
+        if block_size > self.config.block_size:
+            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
+        self.config.block_size = block_size
+        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        for block in self.transformer.h:
+            block.attn.mask = block.attn.mask[:block_size, :block_size]
+
     def new_kv_cache(self):
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
 

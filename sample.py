@@ -1,0 +1,111 @@
+"""
+Sample from a trained model, streaming tokens to the terminal as they are made:
+
+    python sample.py                                   # from out/ckpt.pt, which `python train.py` writes
+    python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
+    python sample.py --start=FILE:prompt.txt --init_from=gpt2
+"""
+import os
+import sys
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+from checkpoint import clean_state_dict, load_checkpoint
+from configurator import ConfigError, fail, load_config
+from model import GPT, GPTConfig
+from tokenizer import GPT2Tokenizer, tokenizer_from_meta
+from train import pick_device, pick_dtype
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"  # where train.py wrote ckpt.pt
+    init_from: str = "resume"  # "resume" (out_dir/ckpt.pt), or GPT-2: "gpt2", "gpt2-xl", a local HF dir
+    start: str = "\n"  # the prompt, or FILE:path to read it from a file
+    num_samples: int = 2
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
+    top_k: Optional[int] = 200  # sample only from the k most likely tokens (none: all)
+    top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
+    seed: int = 1337
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attention: Optional[str] = None  # swap the attention backend of the checkpoint (none: as trained)
+    use_kv_cache: bool = True
+
+    def __post_init__(self):
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be at least 1 (or none), got {self.top_k}")
+
+
+def load_model(cfg):
+    """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights."""
+    overrides = {"attention": cfg.attention} if cfg.attention else {}
+    if cfg.init_from != "resume":
+        return GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    checkpoint = load_checkpoint(path)
+    try:
+        model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
+        model.load_state_dict(clean_state_dict(checkpoint["model"]))
+        tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+    except (KeyError, TypeError, RuntimeError) as e:
+        detail = str(e).splitlines()[0]
+        raise ValueError(f"{path} does not match this code's model (an incompatible config): {detail}") from None
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{path}: its tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                         f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    return model, tokenizer
+
+
+def main(cfg):
+    try:
+        device = pick_device(cfg.device)
+        dtype = pick_dtype(cfg.dtype, device.split(":")[0])
+        model, tokenizer = load_model(cfg)
+        prompt = cfg.start
+        if prompt.startswith("FILE:"):
+            with open(prompt[5:], encoding="utf-8") as f:
+                prompt = f.read()
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one character with --start=...")
+    except (ValueError, OSError) as e:
+        fail(e)
+
+    model.eval().to(device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+    for _ in range(cfg.num_samples):
+        sys.stdout.write(prompt)
+        pending = []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
+        with autocast:
+            for token in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                      cfg.use_kv_cache, generator):
+                pending.append(token.item())
+                text = tokenizer.decode(pending)
+                if not text.endswith("\ufffd"):
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                    pending = []
+        sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    try:
+        config = load_config(SampleConfig, sys.argv[1:])
+    except ConfigError as e:
+        fail(e)
+    main(config)

@@ -1,0 +1,364 @@
+"""Tests of attention.py: the causal mask, the three CPU backends (manual, sdpa, flash), the KV
+cache, cross-attention, and the backend checks.
+
+Every property is checked on every backend that runs on CPU, in fp32, with batch > 1. Expected
+values come from `reference_attention`, an explicit per-query loop that slices the visible keys
+instead of masking, so it shares no masking code with attention.py.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention import BACKENDS, KVCache, MultiHeadAttention, causal_mask, check_backend, manual_attention
+
+CPU_BACKENDS = ["manual", "sdpa", "flash"]
+FUSED_BACKENDS = ["sdpa", "flash"]  # compared against "manual"
+B, C, NH, BLOCK = 2, 32, 4, 16
+HS = C // NH
+ATOL = 1e-5
+
+
+def make_mha(backend, seed=0, causal=True, bias=True):
+    """A small attention layer in eval mode; the same seed gives the same weights on every backend."""
+    torch.manual_seed(seed)
+    return MultiHeadAttention(C, NH, BLOCK, dropout=0.0, bias=bias, backend=backend, causal=causal).eval()
+
+
+def clone_as(m, backend):
+    twin = MultiHeadAttention(C, NH, BLOCK, dropout=0.0, bias=m.c_attn.bias is not None,
+                              backend=backend, causal=m.causal).eval()
+    twin.load_state_dict(m.state_dict())
+    return twin
+
+
+def rand(*shape, seed=1, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).requires_grad_(requires_grad)
+
+
+def reference_attention(m, x, context=None, causal=True, q_start=0):
+    """Attention written as a loop over queries. Self-attention: queries are x[:, q_start:], keys
+    and values all of x, and the query at absolute position p sees keys 0..p (a KV cache holding
+    x[:, :q_start] is the same thing). Cross-attention: keys and values from `context`, no mask."""
+    Wq, Wk, Wv = m.c_attn.weight.split(C)
+    bq, bk, bv = m.c_attn.bias.split(C) if m.c_attn.bias is not None else (None, None, None)
+    src = x if context is None else context
+    heads = lambda t: t.view(t.size(0), t.size(1), NH, HS).transpose(1, 2)  # (B, nh, T, hs)
+    q = heads(F.linear(x, Wq, bq))[:, :, q_start:]
+    k, v = heads(F.linear(src, Wk, bk)), heads(F.linear(src, Wv, bv))
+    rows = []
+    for i in range(q.size(2)):
+        n = q_start + i + 1 if (causal and context is None) else k.size(2)  # keys this query sees
+        scores = q[:, :, i:i + 1] @ k[:, :, :n].transpose(-2, -1) / math.sqrt(HS)  # (B, nh, 1, n)
+        rows.append(scores.softmax(-1) @ v[:, :, :n])
+    y = torch.cat(rows, dim=2).transpose(1, 2).reshape(x.size(0), -1, C)
+    return m.c_proj(y)
+
+
+def grads(out, inputs, params, seed=7):
+    """Gradients of a random projection of `out` w.r.t. inputs and parameters."""
+    r = rand(*out.shape, seed=seed)
+    return torch.autograd.grad((out * r).sum(), list(inputs) + list(params), retain_graph=True)
+
+
+def assert_causal_weights(w, q_start=0):
+    """w: (B, nh, Tq, Tk) attention weights of queries at positions q_start.. : exactly zero on the
+    future, strictly positive on the past and present, rows summing to one."""
+    Tq, Tk = w.shape[-2:]
+    pos = torch.arange(Tq)[:, None] + q_start
+    future = torch.arange(Tk)[None, :] > pos  # (Tq, Tk)
+    assert torch.all(w[..., future] == 0), "a future key got nonzero attention weight"
+    assert torch.all(w[..., ~future] > 0), "a past or present key got zero attention weight"
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------- the mask itself
+
+
+@pytest.mark.parametrize("tq,tk", [(1, 1), (4, 4), (16, 16), (1, 5), (2, 5), (5, 9)])
+def test_causal_mask_is_bottom_right_aligned(tq, tk):
+    mask = causal_mask(tq, tk)
+    expected = torch.tensor([[j <= tk - tq + i for j in range(tk)] for i in range(tq)])
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("tq,tk", [(8, 8), (3, 8), (1, 8)])
+def test_manual_attention_masked_weights_exactly_zero_rows_sum_to_one(tq, tk):
+    q, k, v = rand(B, NH, tq, HS, seed=1), rand(B, NH, tk, HS, seed=2), rand(B, NH, tk, HS, seed=3)
+    y, w = manual_attention(q, k, v, causal_mask(tq, tk))
+    assert w.shape == (B, NH, tq, tk)
+    assert_causal_weights(w, q_start=tk - tq)
+    torch.testing.assert_close(y, w @ v, atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------- weights, per backend
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_need_weights_masked_exactly_zero_rows_sum_to_one(backend):
+    m = make_mha(backend)
+    x = rand(B, 12, C)
+    with torch.no_grad():
+        y_w, w = m(x, need_weights=True)
+        y, none = m(x)
+    if backend != "manual":  # the fused kernels ran, so y_w vs y compares two different paths
+        assert none is None
+    assert w.shape == (B, NH, 12, 12)
+    assert_causal_weights(w)
+    torch.testing.assert_close(y_w, y, atol=ATOL, rtol=0)  # the weights path computes the same output
+    torch.testing.assert_close(y, reference_attention(m, x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_need_weights_with_kv_cache_masks_bottom_right(backend):
+    m = make_mha(backend)
+    x = rand(B, 9, C)
+    with torch.no_grad():
+        cache = KVCache(BLOCK)
+        m(x[:, :5], kv_cache=cache)
+        y, w = m(x[:, 5:8], kv_cache=cache, need_weights=True)  # queries at positions 5, 6, 7
+        y1, w1 = m(x[:, 8:], kv_cache=cache, need_weights=True)  # one query at position 8
+    assert w.shape == (B, NH, 3, 8) and w1.shape == (B, NH, 1, 9)
+    assert_causal_weights(w, q_start=5)
+    assert_causal_weights(w1, q_start=8)
+    torch.testing.assert_close(y, reference_attention(m, x[:, :8], q_start=5), atol=ATOL, rtol=0)
+    torch.testing.assert_close(y1, reference_attention(m, x, q_start=8), atol=ATOL, rtol=0)
+
+
+# --------------------------------------------------------------------------- causality
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_changing_future_inputs_leaves_earlier_outputs_unchanged(backend):
+    T = 12
+    m = make_mha(backend)
+    x = rand(B, T, C, seed=1)
+    with torch.no_grad():
+        y = m(x)[0]
+        for t in (0, 1, 5, T - 1):
+            x2 = x.clone()
+            x2[:, t:] = rand(B, T - t, C, seed=100 + t)
+            y2 = m(x2)[0]
+            torch.testing.assert_close(y2[:, :t], y[:, :t], atol=1e-6, rtol=0,
+                                       msg=f"changing inputs from {t} on changed an earlier output")
+            change = (y2[:, t] - y[:, t]).abs().amax(-1)  # per batch element
+            assert torch.all(change > 1e-3), f"the output at {t} ignores its own input"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_output_gradient_is_exactly_zero_for_future_inputs(backend):
+    T = 10
+    m = make_mha(backend)
+    x = rand(B, T, C, requires_grad=True)
+    y = m(x)[0]
+    r = rand(C, seed=3)
+    for b in range(B):
+        for i in range(T):
+            (g,) = torch.autograd.grad((y[b, i] * r).sum(), x, retain_graph=True)
+            assert torch.all(g[b, i + 1:] == 0), f"output {i} has a gradient from a future input"
+            assert torch.all(g[:b] == 0) and torch.all(g[b + 1:] == 0), "batch elements leak into each other"
+            per_pos = g[b, :i + 1].abs().amax(-1)
+            assert torch.all(per_pos > 1e-7), f"output {i} does not depend on some input j <= {i}: {per_pos}"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_gradient_with_kv_cache_is_zero_for_later_queries(backend):
+    m = make_mha(backend)
+    x = rand(B, 10, C)
+    cache = KVCache(BLOCK)
+    with torch.no_grad():
+        m(x[:, :6], kv_cache=cache)
+    xq = x[:, 6:].clone().requires_grad_(True)  # queries at positions 6..9 after a cache of 6
+    y = m(xq, kv_cache=cache)[0]
+    r = rand(C, seed=3)
+    for i in range(4):
+        (g,) = torch.autograd.grad((y[:, i] * r).sum(), xq, retain_graph=True)
+        assert torch.all(g[:, i + 1:] == 0), f"cached query {i} has a gradient from a later query"
+        assert torch.all(g[:, :i + 1].abs().amax(-1) > 1e-7)
+
+
+# --------------------------------------------------------------------------- backends agree
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_backend_matches_manual_outputs_and_gradients(backend):
+    ref = make_mha("manual")
+    m = clone_as(ref, backend)
+    for T in (1, 7, BLOCK):
+        x_ref = rand(B, T, C, seed=T, requires_grad=True)
+        x = x_ref.detach().clone().requires_grad_(True)
+        y_ref, y = ref(x_ref)[0], m(x)[0]
+        torch.testing.assert_close(y, y_ref, atol=ATOL, rtol=0)
+        g_ref = grads(y_ref, [x_ref], ref.parameters())
+        g = grads(y, [x], m.parameters())
+        for a, e in zip(g, g_ref):
+            torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_backend_matches_reference(backend):
+    m = make_mha(backend)
+    x = rand(B, BLOCK, C)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x)[0], reference_attention(m, x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("prefix,tq", [(5, 3), (1, 6), (4, 1), (15, 1), (8, 8), (10, 2)])
+def test_kv_cache_queries_match_full_computation(backend, prefix, tq):
+    """Queries after a cache (Tq < Tk, and Tq == 1) see exactly the keys up to their own position."""
+    ref = make_mha("manual")
+    m = clone_as(ref, backend)
+    x = rand(B, prefix + tq, C)
+    with torch.no_grad():
+        full = ref(x)[0]
+        cache = KVCache(BLOCK)
+        m(x[:, :prefix], kv_cache=cache)
+    xq = x[:, prefix:].clone().requires_grad_(True)
+    y = m(xq, kv_cache=cache)[0]
+    assert cache.pos == prefix + tq
+    torch.testing.assert_close(y, full[:, prefix:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(y, reference_attention(m, x, q_start=prefix), atol=ATOL, rtol=0)
+
+    # gradients w.r.t. the new inputs and the parameters agree with the manual backend's
+    cache_ref = KVCache(BLOCK)
+    with torch.no_grad():
+        ref(x[:, :prefix], kv_cache=cache_ref)
+    xq_ref = x[:, prefix:].clone().requires_grad_(True)
+    y_ref = ref(xq_ref, kv_cache=cache_ref)[0]
+    for a, e in zip(grads(y, [xq], m.parameters()), grads(y_ref, [xq_ref], ref.parameters())):
+        torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_kv_cache_fed_in_uneven_chunks_matches_full(backend):
+    m = make_mha(backend)
+    x = rand(B, BLOCK, C)
+    with torch.no_grad():
+        full = reference_attention(m, x)
+        cache, start, outs = KVCache(BLOCK), 0, []
+        for n in (3, 1, 4, 2, 1, 5):
+            outs.append(m(x[:, start:start + n], kv_cache=cache)[0])
+            start += n
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("tq,tk", [(5, 9), (9, 5), (1, 7), (6, 6)])
+def test_cross_attention_sees_all_of_context(backend, bias, tq, tk):
+    ref = make_mha("manual", bias=bias)
+    m = clone_as(ref, backend)
+    x_ref, c_ref = rand(B, tq, C, seed=1, requires_grad=True), rand(B, tk, C, seed=2, requires_grad=True)
+    x, c = (t.detach().clone().requires_grad_(True) for t in (x_ref, c_ref))
+    y = m(x, context=c)[0]
+    y_ref = ref(x_ref, context=c_ref)[0]
+    assert y.shape == (B, tq, C)
+    with torch.no_grad():
+        expected = reference_attention(m, x, context=c)
+    torch.testing.assert_close(y, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(y_ref, expected, atol=ATOL, rtol=0)
+    for a, e in zip(grads(y, [x, c], m.parameters()), grads(y_ref, [x_ref, c_ref], ref.parameters())):
+        torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
+    with torch.no_grad():
+        _, w = m(x, context=c, need_weights=True)
+    assert w.shape == (B, NH, tq, tk)
+    assert torch.all(w > 0), "cross-attention must not mask any context position"
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, NH, tq), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_non_causal_self_attention_sees_everything(backend):
+    ref = make_mha("manual", causal=False)
+    m = clone_as(ref, backend)
+    x_ref = rand(B, 11, C, requires_grad=True)
+    x = x_ref.detach().clone().requires_grad_(True)
+    y, y_ref = m(x)[0], ref(x_ref)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(y, reference_attention(m, x, causal=False), atol=ATOL, rtol=0)
+    for a, e in zip(grads(y, [x], m.parameters()), grads(y_ref, [x_ref], ref.parameters())):
+        torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
+    (g,) = torch.autograd.grad(y[:, 0].sum(), x)
+    assert torch.all(g[:, 1:].abs().amax(-1) > 1e-7), "without the mask position 0 should see the future"
+
+
+# --------------------------------------------------------------------------- KV cache object
+
+
+def test_kv_cache_appends_and_refuses_overflow():
+    cache = KVCache(6)
+    k1, v1 = rand(B, NH, 4, HS, seed=1), rand(B, NH, 4, HS, seed=2)
+    k2, v2 = rand(B, NH, 2, HS, seed=3), rand(B, NH, 2, HS, seed=4)
+    cache.append(k1, v1)
+    k, v = cache.append(k2, v2)
+    assert cache.pos == 6
+    assert torch.equal(k, torch.cat([k1, k2], 2)) and torch.equal(v, torch.cat([v1, v2], 2))
+    with pytest.raises(ValueError, match="6 positions"):
+        cache.append(k2[:, :, :1], v2[:, :, :1])
+
+
+# --------------------------------------------------------------------------- configuration errors
+
+
+def test_check_backend_accepts_what_runs_on_cpu():
+    for backend in CPU_BACKENDS:
+        check_backend(backend, "cpu", torch.float32, 0.0)
+    check_backend("manual", "cpu", torch.float32, 0.1)
+    check_backend("sdpa", "cpu", torch.float32, 0.1)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_check_backend_rejects_flash_attn_package_on_cpu(backend):
+    with pytest.raises(ValueError, match=rf"attention='{backend}'.*(flash-attn|CUDA)"):
+        check_backend(backend, "cpu", torch.float32, 0.0)
+    with pytest.raises(ValueError, match=rf"attention='{backend}'"):
+        check_backend(backend, "cpu", torch.bfloat16, 0.0)
+
+
+def test_check_backend_rejects_flash_with_dropout_on_cpu():
+    with pytest.raises(ValueError, match="dropout"):
+        check_backend("flash", "cpu", torch.float32, 0.1)
+
+
+def test_check_backend_rejects_unknown_backend():
+    with pytest.raises(ValueError, match="unknown attention backend 'fa4'"):
+        check_backend("fa4", "cpu", torch.float32, 0.0)
+
+
+def test_mha_constructor_rejects_bad_config():
+    with pytest.raises(ValueError, match="n_embd=30 must be divisible by n_head=4"):
+        MultiHeadAttention(30, 4, BLOCK)
+    with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):
+        MultiHeadAttention(C, NH, BLOCK, backend="xformers")
+    assert set(CPU_BACKENDS) <= set(BACKENDS)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_flash_attn_package_backends_fail_clearly_on_cpu(backend):
+    m = make_mha(backend)
+    with pytest.raises(ValueError, match=rf"attention='{backend}' cannot run here"):
+        m(rand(B, 4, C))
+
+
+def test_flash_with_dropout_fails_clearly_when_training_on_cpu():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, NH, BLOCK, dropout=0.1, backend="flash").train()
+    with pytest.raises(ValueError, match="dropout"):
+        m(rand(B, 4, C))
+    m.eval()  # no dropout at inference: it runs
+    assert m(rand(B, 4, C))[0].shape == (B, 4, C)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+def test_dropout_is_applied_in_training_only(backend):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, NH, BLOCK, dropout=0.5, backend=backend)
+    x = rand(B, 8, C)
+    with torch.no_grad():
+        m.eval()
+        torch.testing.assert_close(m(x)[0], m(x)[0], atol=0, rtol=0)
+        m.train()
+        assert not torch.allclose(m(x)[0], m(x)[0]), "dropout=0.5 in training should make outputs random"

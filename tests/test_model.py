@@ -1,0 +1,447 @@
+"""Tests of model.py: causality of the whole GPT (logits, gradients, behaviour), attention weights
+of every layer, KV-cache generation, parity with Hugging Face's GPT-2, training, sampling and
+configuration. Every model-level property runs on every backend that runs on CPU, in fp32."""
+import json
+import math
+
+import pytest
+import torch
+
+from attention import MultiHeadAttention
+from model import GPT, GPTConfig, sample_next
+
+CPU_BACKENDS = ["manual", "sdpa", "flash"]
+B = 2
+
+
+def randomize_(model, std=0.2, seed=1):
+    """Weights well away from GPT-2's tiny init, so attention is far from uniform, logits are far
+    apart, and every mistake shows up as a large difference."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif name.endswith("weight"):  # LayerNorm gains
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:  # biases
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def make_gpt(backend, seed=0, std=0.2, **overrides):
+    cfg = dict(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, dropout=0.0, attention=backend)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**cfg))
+    if std:
+        randomize_(model, std, seed + 1)
+    return model.eval()
+
+
+def rand_tokens(*shape, vocab=64, seed=0):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_causal_weights(w, q_start=0):
+    Tq, Tk = w.shape[-2:]
+    future = torch.arange(Tk)[None, :] > torch.arange(Tq)[:, None] + q_start
+    assert torch.all(w[..., future] == 0), "a future position got nonzero attention weight"
+    assert torch.all(w[..., ~future] > 0), "a past or present position got zero attention weight"
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+
+
+def remove_mask_(model):
+    """The same model without the causal mask: every attention layer sees the whole sequence."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(layers) == model.config.n_layer
+    for m in layers:
+        m.causal = False
+    return model
+
+
+# --------------------------------------------------------------------------- attention weights
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_forward_returns_causal_weights_for_every_layer(backend):
+    model = make_gpt(backend, n_layer=3)
+    idx = rand_tokens(B, 12)
+    with torch.no_grad():
+        logits_w, loss, weights = model(idx, need_weights=True)
+        logits, _ = model(idx)
+    assert loss is None
+    assert len(weights) == 3
+    for w in weights:
+        assert w.shape == (B, 4, 12, 12)
+        assert_causal_weights(w)
+    torch.testing.assert_close(logits_w, logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_forward_weights_with_kv_cache_cover_cached_positions(backend):
+    model = make_gpt(backend)
+    idx = rand_tokens(B, 10)
+    with torch.no_grad():
+        cache = model.new_kv_cache()
+        model(idx[:, :6], kv_cache=cache)
+        logits, _, weights = model(idx[:, 6:], kv_cache=cache, need_weights=True)
+        full, _ = model(idx)
+    assert len(weights) == 2
+    for w in weights:
+        assert w.shape == (B, 4, 4, 10)
+        assert_causal_weights(w, q_start=6)
+    torch.testing.assert_close(logits, full[:, 6:], atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- causality
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_changing_token_t_leaves_earlier_logits_unchanged(backend):
+    T, V = 16, 64
+    model = make_gpt(backend)
+    idx = rand_tokens(B, T, seed=1)
+    with torch.no_grad():
+        logits, _ = model(idx)
+        for t in (0, 1, 7, 12, T - 1):
+            idx2 = idx.clone()
+            idx2[:, t:] = (idx[:, t:] + 1 + rand_tokens(B, T - t, vocab=V - 1, seed=t)) % V  # all differ
+            logits2, _ = model(idx2)
+            torch.testing.assert_close(logits2[:, :t], logits[:, :t], atol=1e-6, rtol=0,
+                                       msg=f"changing tokens from {t} on changed an earlier logit")
+            change = (logits2[:, t] - logits[:, t]).abs().amax(-1)
+            assert torch.all(change > 1e-2), f"the logits at {t} ignore the token at {t}"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_changing_only_a_later_token_changes_later_logits(backend):
+    """The converse: information does flow forward, so a change at t reaches every later position."""
+    model = make_gpt(backend)
+    idx = rand_tokens(B, 16, seed=1)
+    idx2 = idx.clone()
+    idx2[:, 4] = (idx[:, 4] + 5) % 64
+    with torch.no_grad():
+        d = (model(idx2)[0] - model(idx)[0]).abs().amax(-1)  # (B, T)
+    assert torch.all(d[:, :4] <= 1e-6)
+    assert torch.all(d[:, 4:] > 1e-4), f"later positions do not see the token at 4: {d}"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_logit_gradient_is_exactly_zero_for_future_embeddings(backend):
+    T = 12
+    model = make_gpt(backend, n_layer=2)
+    captured = []
+    hook = model.transformer.wte.register_forward_hook(lambda mod, inp, out: captured.append(out))
+    try:
+        logits, _ = model(rand_tokens(B, T, seed=2))
+    finally:
+        hook.remove()
+    (emb,) = captured  # (B, T, C): the token embeddings, as if fed in as inputs_embeds
+    r = torch.randn(logits.size(-1), generator=torch.Generator().manual_seed(3))
+    for b in range(B):
+        for i in range(T):
+            (g,) = torch.autograd.grad((logits[b, i] * r).sum(), emb, retain_graph=True)
+            assert torch.all(g[b, i + 1:] == 0), f"logits at {i} have a gradient from a future token"
+            assert torch.all(g[:b] == 0) and torch.all(g[b + 1:] == 0), "batch elements leak into each other"
+            per_pos = g[b, :i + 1].abs().amax(-1)
+            assert torch.all(per_pos > 1e-7), f"logits at {i} do not depend on some token j <= {i}: {per_pos}"
+
+
+def train_future_token_task(backend, masked, V=8, T=8, steps=150, seed=0):
+    """Target at position i is the *next input token*: only a model that sees the future can learn
+    it. Fresh random sequences every step, so there is nothing to memorise; returns held-out loss."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=4, n_embd=32, attention=backend))
+    if not masked:
+        remove_mask_(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def batch(n):
+        seq = torch.randint(0, V, (n, T + 1), generator=g)
+        targets = seq[:, 1:].clone()
+        targets[:, -1] = -1  # the last target is not among the inputs at all
+        return seq[:, :T], targets
+
+    for _ in range(steps):
+        _, loss = model(*batch(64))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        return model(*batch(1024))[1].item()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_masked_model_cannot_predict_future_tokens_but_unmasked_can(backend):
+    chance = math.log(8)
+    masked = train_future_token_task(backend, masked=True)
+    unmasked = train_future_token_task(backend, masked=False)
+    assert masked > 0.9 * chance, f"the masked model predicts the future: loss {masked:.3f} vs chance {chance:.3f}"
+    assert unmasked < 0.3 * chance, f"the task is learnable without the mask, yet loss is {unmasked:.3f}"
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_cached_forward_matches_full_forward_position_by_position(backend):
+    model = make_gpt(backend)
+    idx = rand_tokens(B, 16, seed=4)
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = model.new_kv_cache()
+        logits, _ = model(idx[:, :5], kv_cache=cache)  # prefill
+        torch.testing.assert_close(logits, full[:, :5], atol=1e-5, rtol=0)
+        for t in range(5, 16):  # then one token at a time
+            logits, _ = model(idx[:, t:t + 1], kv_cache=cache)
+            torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-5, rtol=0, msg=f"position {t}")
+        assert all(c.pos == 16 for c in cache)
+
+        cache, start = model.new_kv_cache(), 0  # and in uneven chunks
+        for n in (3, 4, 1, 2, 6):
+            logits, _ = model(idx[:, start:start + n], kv_cache=cache)
+            torch.testing.assert_close(logits, full[:, start:start + n], atol=1e-5, rtol=0)
+            start += n
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_forward_refuses_more_than_block_size(backend):
+    model = make_gpt(backend)
+    with pytest.raises(ValueError, match="block_size=16"):
+        model(rand_tokens(B, 17))
+    cache = model.new_kv_cache()
+    with torch.no_grad():
+        model(rand_tokens(B, 10), kv_cache=cache)
+        with pytest.raises(ValueError, match="block_size=16"):
+            model(rand_tokens(B, 7), kv_cache=cache)
+
+
+def greedy_reference(model, idx, n):
+    """Greedy decoding by full recomputation while the whole sequence fits in block_size."""
+    for _ in range(n):
+        logits, _ = model(idx)
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("prompt_len", [1, 7, 20])
+def test_kv_cache_generation_equals_full_recomputation(backend, prompt_len):
+    model = make_gpt(backend, std=0.3)
+    prompt = rand_tokens(B, prompt_len, seed=prompt_len)
+    with torch.no_grad():
+        cached = model.generate(prompt, 40, temperature=0, use_kv_cache=True)
+        full = model.generate(prompt, 40, temperature=0, use_kv_cache=False)
+        assert cached.shape == (B, prompt_len + 40)
+        assert torch.equal(cached[:, :prompt_len], prompt)
+        assert torch.equal(cached, full), "KV-cache generation differs from full recomputation"
+        assert cached[:, prompt_len:].unique().numel() >= 5, "degenerate generation proves nothing"
+        if prompt_len < 16:  # before the window moves, generation is plain greedy decoding
+            n = 16 - prompt_len
+            assert torch.equal(cached[:, :16], greedy_reference(model, prompt, n))
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_generate_uses_only_the_last_block(backend):
+    """A prompt longer than block_size is cropped: tokens before the last block have no influence."""
+    model = make_gpt(backend, std=0.3)
+    prompt = rand_tokens(B, 24, seed=5)
+    other = prompt.clone()
+    other[:, :8] = (other[:, :8] + 1) % 64
+    with torch.no_grad():
+        a = model.generate(prompt, 10, temperature=0)
+        b = model.generate(other, 10, temperature=0)
+        expected_first = model(prompt[:, -16:])[0][:, -1].argmax(-1)
+    assert torch.equal(a[:, 24:], b[:, 24:])
+    assert torch.equal(a[:, 24], expected_first)
+
+
+# --------------------------------------------------------------------------- GPT-2 parity
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory):
+    """A small random GPT-2 in Hugging Face format: (directory, input ids, its logits)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=100,
+                     bos_token_id=0, eos_token_id=0)
+    hf = GPT2LMHeadModel(cfg)
+    randomize_(hf, std=0.2, seed=2)  # also the LayerNorms and biases, so loading them is checked
+    hf.eval()
+    directory = tmp_path_factory.mktemp("hf_gpt2")
+    hf.save_pretrained(directory)
+    idx = rand_tokens(3, 40, vocab=100, seed=6)
+    with torch.no_grad():
+        logits = hf(idx).logits
+    return str(directory), idx, logits, hf
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_from_pretrained_matches_hugging_face_gpt2(hf_gpt2, backend):
+    directory, idx, expected, _ = hf_gpt2
+    model = GPT.from_pretrained(directory, attention=backend).eval()
+    c = model.config
+    assert (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd, c.attention) == (100, 64, 2, 4, 32, backend)
+    with torch.no_grad():
+        logits, _ = model(idx)
+    assert expected.abs().max() > 1, "logits this small would make the comparison weak"
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_from_pretrained_reads_pytorch_model_bin_and_bare_gpt2model(hf_gpt2, tmp_path):
+    directory, idx, expected, hf = hf_gpt2
+    config = open(f"{directory}/config.json").read()
+    bin_dir, bare_dir = tmp_path / "bin", tmp_path / "bare"
+    bin_dir.mkdir(), bare_dir.mkdir()
+    (bin_dir / "config.json").write_text(config)
+    torch.save(hf.state_dict(), bin_dir / "pytorch_model.bin")  # with "transformer." and lm_head
+    (bare_dir / "config.json").write_text(config)
+    torch.save(hf.transformer.state_dict(), bare_dir / "pytorch_model.bin")  # GPT2Model: no prefix
+    for d in (bin_dir, bare_dir):
+        with torch.no_grad():
+            logits, _ = GPT.from_pretrained(str(d)).eval()(idx)
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+def test_from_pretrained_hub_name_offline_fails_clearly(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.chdir(tmp_path)  # so that "gpt2" is not a local directory
+    with pytest.raises(ValueError, match=r"could not get 'gpt2' from the Hugging Face hub.*directory"):
+        GPT.from_pretrained("gpt2")
+
+
+def test_from_pretrained_directory_without_weights_fails_clearly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        dict(vocab_size=100, n_positions=64, n_layer=2, n_head=4, n_embd=32)))
+    with pytest.raises(ValueError, match="neither model.safetensors nor pytorch_model.bin"):
+        GPT.from_pretrained(str(tmp_path))
+
+
+def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):
+    directory, *_ = hf_gpt2
+    cfg = json.load(open(f"{directory}/config.json"))
+    cfg["n_embd"] = 64  # the file holds 32-wide tensors
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(open(f"{directory}/model.safetensors", "rb").read())
+    with pytest.raises(ValueError, match="has shape"):
+        GPT.from_pretrained(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- training
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_tiny_model_overfits_one_batch(backend):
+    model = make_gpt(backend, std=0).train()  # GPT-2's own init
+    idx = rand_tokens(4, 16, seed=7)
+    targets = rand_tokens(4, 16, seed=8)
+    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
+    _, first = model(idx, targets)
+    assert abs(first.item() - math.log(64)) < 0.5, "an untrained model should start near chance"
+    for _ in range(150):
+        _, loss = model(idx, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1, f"could not overfit one batch: loss {loss.item():.3f}"
+
+
+def test_loss_ignores_targets_of_minus_one():
+    model = make_gpt("manual")
+    idx, targets = rand_tokens(B, 8), rand_tokens(B, 8, seed=1)
+    with torch.no_grad():
+        logits, loss = model(idx, targets)
+        masked = targets.clone()
+        masked[:, 4:] = -1
+        _, partial = model(idx, masked)
+    expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 64), targets[:, :4].reshape(-1))
+    torch.testing.assert_close(partial, expected, atol=1e-6, rtol=0)
+    assert not torch.isclose(partial, loss)
+
+
+def test_configure_optimizers_decays_matrices_only():
+    model = make_gpt("manual", std=0)
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert decay["params"] and no_decay["params"]
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"])
+    in_groups = [id(p) for g in opt.param_groups for p in g["params"]]
+    assert len(in_groups) == len(set(in_groups)), "a parameter is in the optimizer twice"
+    assert set(in_groups) == {id(p) for p in model.parameters()}
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied: one tensor, decayed once
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sample_next_temperature_zero_is_greedy():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1, keepdim=True))
+
+
+def test_sample_next_top_k_one_is_greedy():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        assert torch.equal(sample_next(logits, 1.0, top_k=1, generator=g), logits.argmax(-1, keepdim=True))
+
+
+def test_sample_next_small_top_p_keeps_only_the_argmax():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 0.1  # nearly flat
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        assert torch.equal(sample_next(logits, 1.0, top_p=1e-3, generator=g), logits.argmax(-1, keepdim=True))
+
+
+def test_sample_next_top_k_and_top_p_keep_the_right_sets():
+    # probabilities 0.05, 0.5, 0.15, 0.3 at shuffled positions: the smallest set reaching 0.7 is {1, 3}
+    logits = torch.tensor([[0.05, 0.5, 0.15, 0.3]]).log().repeat(2, 1)
+    g = torch.Generator().manual_seed(0)
+    top_p = {int(sample_next(logits, 1.0, top_p=0.7, generator=g)[0]) for _ in range(200)}
+    assert top_p == {1, 3}
+    top_k = {int(sample_next(logits, 1.0, top_k=3, generator=g)[1]) for _ in range(200)}
+    assert top_k == {1, 3, 2}
+    everything = {int(sample_next(logits, 1.0, generator=g)[0]) for _ in range(400)}
+    assert everything == {0, 1, 2, 3}
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_config_rejects_n_embd_not_divisible_by_n_head():
+    with pytest.raises(ValueError, match="n_embd=30 must be divisible by n_head=4"):
+        GPTConfig(n_embd=30, n_head=4)
+
+
+def test_config_rejects_unknown_attention_backend():
+    with pytest.raises(ValueError, match="unknown attention backend 'flash3'.*manual"):
+        GPTConfig(attention="flash3")
+
+
+@pytest.mark.parametrize("field", ["vocab_size", "block_size", "n_layer", "n_head", "n_embd"])
+def test_config_rejects_non_positive_sizes(field):
+    with pytest.raises(ValueError, match=field):
+        GPTConfig(**{field: 0})
+
+
+def test_config_rejects_dropout_outside_unit_interval():
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(dropout=1.0)
+
+
+def test_flash_with_dropout_fails_clearly_when_training_on_cpu():
+    model = make_gpt("flash", std=0, dropout=0.1).train()
+    with pytest.raises(ValueError, match="dropout"):
+        model(rand_tokens(B, 8))
