@@ -21,10 +21,16 @@ from typing import Literal
 import numpy as np
 import torch
 
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import fully_shard
+
 from attention import check_backend
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
 from configurator import ConfigError, fail, load_config
+from mfu import flops_per_token, peak_flops
 from model import GPT, GPTConfig
+from plots import plot_losses
 from prepare import load_meta, open_split, prepare_shakespeare_char
 
 DEFAULT_DATA_DIR = "data/shakespeare_char"
@@ -69,6 +75,7 @@ class TrainConfig:
     device: str = "auto"  # auto picks cuda, then mps, then cpu; or e.g. "cuda:1"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False
+    parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337
 
     def __post_init__(self):
@@ -103,13 +110,23 @@ def pick_dtype(name, device_type):
     if name == "auto":
         if device_type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return torch.bfloat16 if device_type == "cpu" and cpu_has_bf16() else torch.float32
     dtype = getattr(torch, name)
     if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
     if dtype == torch.float16 and device_type == "cpu":
         raise ValueError("float16 autocast is not supported for training on CPU; use --dtype=bfloat16 or float32")
     return dtype
+
+
+def cpu_has_bf16():
+    """bf16 autocast pays on CPUs with bf16 matrix instructions (see bench/train.py); elsewhere fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def learning_rate(cfg, it, progress):
@@ -232,13 +249,22 @@ def main(cfg):
             fail(e)
         model.crop_block_size(cfg.block_size)
     model.to(device)
+    if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
+        model.load_state_dict(clean_state_dict(checkpoint["model"]))
+    fsdp = ddp and cfg.parallelism == "fsdp"
+    if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+    # checkpoints hold whole (unsharded) tensors keyed by parameter name, with or without FSDP
+    state_options = StateDictOptions(full_state_dict=fsdp, cpu_offload=fsdp)
+    raw_model = model
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
     batches = Batches(train_data, cfg.block_size, cfg.batch_size, cfg.seed, device)
     iter_num, best_val_loss, trained_before = 0, float("inf"), 0.0
     if checkpoint is not None:
-        model.load_state_dict(clean_state_dict(checkpoint["model"]))
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        set_optimizer_state_dict(model, optimizer, checkpoint["optimizer"], options=state_options)
         scaler.load_state_dict(checkpoint["scaler"])
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
         trained_before = checkpoint["trained_seconds"]
@@ -246,44 +272,55 @@ def main(cfg):
         if master:
             print(f"resuming from {ckpt_path} at iteration {iter_num}")
     checkpoint = None  # free memory
-    raw_model = model
     if cfg.compile:
         model = torch.compile(model)
-    if ddp:
+    if ddp and not fsdp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device_type == "cuda" else None)
     autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
     micro_steps = cfg.gradient_accumulation_steps // world_size
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    flops_per_iter = flops_per_token(raw_model.config, raw_model.num_params()) * tokens_per_iter
+    peak, peak_source = peak_flops(device_type, dtype) if master else (None, "")
     if master:
         print(f"{raw_model.num_params() / 1e6:.2f}M parameters | device {device} | dtype {str(dtype)[6:]} | "
-              f"attention {cfg.attention} | {world_size} process(es) | {tokens_per_iter:,} tokens/iter")
+              f"attention {cfg.attention} | {world_size} process(es) {cfg.parallelism if ddp else ''}| "
+              f"{tokens_per_iter:,} tokens/iter | MFU against {peak_source}")
 
     @torch.no_grad()
     def estimate_loss():
-        """Mean loss over the same eval_iters batches of each split at every evaluation."""
+        """Mean loss over the same eval_iters batches of each split at every evaluation; the ranks
+        share the batches out and add up their sums."""
         out = {}
-        model.eval()
+        raw_model.eval()
         for split, data in (("train", train_data), ("val", val_data)):
             fixed = Batches(data, cfg.block_size, cfg.batch_size, seed=cfg.seed + 1, device=device)
-            losses = torch.zeros(cfg.eval_iters)
+            total = torch.zeros((), device=device)
             for k, offsets in enumerate(fixed.offsets(cfg.eval_iters)):
-                x, y = fixed.load(offsets)
-                with autocast:
-                    losses[k] = raw_model(x, y)[1].item()
-            out[split] = losses.mean().item()
-        model.train()
+                if k % world_size == rank:
+                    x, y = fixed.load(offsets)
+                    with autocast:
+                        total += raw_model(x, y)[1].float()
+            if ddp:
+                torch.distributed.all_reduce(total)
+            out[split] = total.item() / cfg.eval_iters
+        raw_model.train()
         return out
 
     def save(reason):
-        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "model_config": asdict(raw_model.config), "config": asdict(cfg), "tokenizer": meta,
-                 "iter_num": iter_num, "best_val_loss": best_val_loss, "trained_seconds": training_seconds(),
-                 "rng": rng_state(batches)}
-        save_checkpoint(state, ckpt_path)
-        print(f"saved {ckpt_path} ({reason})")
+        """Every rank takes part (FSDP gathers the shards); rank 0 writes."""
+        model_state = get_model_state_dict(raw_model, options=state_options)
+        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=state_options)
+        if master:
+            state = {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
+                     "model_config": asdict(raw_model.config), "config": asdict(cfg), "tokenizer": meta,
+                     "iter_num": iter_num, "best_val_loss": best_val_loss, "trained_seconds": training_seconds(),
+                     "rng": rng_state(batches)}
+            save_checkpoint(state, ckpt_path)
+            print(f"saved {ckpt_path} ({reason})")
 
     # ---- logging ----
-    metrics_file = open(os.path.join(cfg.out_dir, "metrics.jsonl"), "a") if master else None
+    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    metrics_file = open(metrics_path, "a") if master else None
 
     def log(record):
         metrics_file.write(json.dumps(record) + "\n")
@@ -325,25 +362,27 @@ def main(cfg):
         values = torch.stack(losses).tolist()
         bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
         if bad:
-            at = iter_num - len(values) + bad[0]
+            at = iter_num - len(values) + bad[0] + 1  # 1-based, like the log lines
             last_good = f"; the last good checkpoint is {ckpt_path}" if os.path.exists(ckpt_path) else ""
             fail(f"the loss became {values[bad[0]]} at iteration {at}; lower --learning_rate or use "
                  f"--dtype=float32 or bfloat16{last_good}", status=1)
 
+    elapsed, out_of_time = training_seconds(), False
     while True:
-        elapsed = training_seconds()
-        out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
         last = iter_num >= cfg.max_iters or out_of_time
-        if master and (last or (iter_num % cfg.eval_interval == 0 and iter_num != start_iter)):
-            check_losses()
+        if last or (iter_num % cfg.eval_interval == 0 and iter_num != start_iter):
+            if master:
+                check_losses()
             eval_start = time.time()
             result = estimate_loss()
             run_start += time.time() - eval_start  # evaluation is not training time
             best_val_loss = min(best_val_loss, result["val"])
-            print(f"iter {iter_num}: train loss {result['train']:.4f}, val loss {result['val']:.4f}")
-            log({"iter": iter_num, "train_loss": result["train"], "val_loss": result["val"],
-                 "seconds": round(elapsed, 3)})
             save("evaluation")
+            if master:
+                print(f"iter {iter_num}: train loss {result['train']:.4f}, val loss {result['val']:.4f}")
+                log({"iter": iter_num, "train_loss": result["train"], "val_loss": result["val"],
+                     "seconds": round(elapsed, 3)})
+                plot_losses(metrics_path, os.path.join(cfg.out_dir, "loss.png"))
         if last:
             break
 
@@ -352,44 +391,53 @@ def main(cfg):
         lr = learning_rate(cfg, iter_num, progress)
         for group in optimizer.param_groups:
             group["lr"] = lr
+        step_loss = 0.0
         for micro_step, offsets in enumerate(batches.offsets(cfg.gradient_accumulation_steps)[rank::world_size]):
             x, y = batches.load(offsets)
-            # DDP: all-reduce gradients only after the last micro-step
-            sync = micro_step == micro_steps - 1
-            with (model.no_sync() if ddp and not sync else contextlib.nullcontext()), autocast:
+            sync = micro_step == micro_steps - 1  # all-reduce gradients only after the last micro-step
+            if fsdp:
+                model.set_requires_gradient_sync(sync)
+            with (model.no_sync() if ddp and not fsdp and not sync else contextlib.nullcontext()), autocast:
                 loss = model(x, y)[1] / micro_steps
-                scaler.scale(loss).backward()
+            scaler.scale(loss).backward()
+            step_loss += loss.detach()
         if cfg.grad_clip > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach() * micro_steps)
+        losses.append(step_loss)
         iter_num += 1
 
         if master and iter_num % cfg.log_interval == 0:
             check_losses()
             now = time.time()
             mean_loss = torch.stack(losses).float().mean().item()
-            ms = (now - last_log_time) * 1000 / (iter_num - last_log_iter)
-            tok_s = tokens_per_iter / (ms / 1000)
-            print(f"iter {iter_num}: loss {mean_loss:.4f}, lr {lr:.2e}, {ms:.1f} ms/iter, {tok_s:,.0f} tokens/s")
-            log({"iter": iter_num, "loss": mean_loss, "lr": lr, "ms_per_iter": ms, "tokens_per_s": tok_s,
-                 "seconds": round(training_seconds(), 3)})
+            seconds_per_iter = (now - last_log_time) / (iter_num - last_log_iter)
+            tok_s = tokens_per_iter / seconds_per_iter
+            mfu = flops_per_iter / world_size / seconds_per_iter / peak if peak else float("nan")
+            print(f"iter {iter_num}: loss {mean_loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
+                  f"{tok_s:,.0f} tokens/s, MFU {mfu:.1%}")
+            log({"iter": iter_num, "loss": mean_loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
+                 "tokens_per_s": tok_s, "mfu": mfu, "seconds": round(training_seconds(), 3)})
             losses.clear()
             last_log_time, last_log_iter = now, iter_num
 
-        if ddp:  # every rank stops at the same step if any of them got a signal
-            flag = torch.tensor([stop_signal], device=device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            stop_signal = int(flag.item())
+        elapsed = training_seconds()
+        if ddp:  # ranks agree on the clock (it drives the schedule) and stop together on a signal
+            agreed = torch.tensor([float(stop_signal), elapsed], dtype=torch.float64, device=device)
+            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+            stop_signal, elapsed = int(agreed[0]), agreed[1].item()
+        out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
         if stop_signal:
             if master:
                 check_losses()
-                save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}")
+            save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}")
+            if master:
                 print(f"resume with: python train.py {' '.join(sys.argv[1:])} --init_from=resume")
             if ddp:
+                torch.distributed.barrier()
                 torch.distributed.destroy_process_group()
             sys.exit(128 + stop_signal)
 
@@ -400,6 +448,7 @@ def main(cfg):
         if cfg.wandb_log:
             wandb.finish()
     if ddp:
+        torch.distributed.barrier()  # let rank 0 finish its last save; tearing down earlier can hang
         torch.distributed.destroy_process_group()
 
 

@@ -14,6 +14,16 @@ CPU_BACKENDS = ["manual", "sdpa", "flash"]
 B = 2
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a shared 2-core machine OpenMP threads that
+    spin-wait for a busy core make these tests many times slower. Restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def randomize_(model, std=0.2, seed=1):
     """Weights well away from GPT-2's tiny init, so attention is far from uniform, logits are far
     apart, and every mistake shows up as a large difference."""
@@ -257,6 +267,27 @@ def test_generate_uses_only_the_last_block(backend):
         expected_first = model(prompt[:, -16:])[0][:, -1].argmax(-1)
     assert torch.equal(a[:, 24:], b[:, 24:])
     assert torch.equal(a[:, 24], expected_first)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_crop_block_size_keeps_logits_and_causality(backend):
+    model = make_gpt(backend)
+    idx = rand_tokens(B, 8, seed=9)
+    with torch.no_grad():
+        before, _ = model(idx)
+        model.crop_block_size(8)
+        after, _ = model(idx)
+        assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+        torch.testing.assert_close(after, before, atol=1e-6, rtol=0)
+        _, _, weights = model(idx, need_weights=True)
+        for w in weights:
+            assert_causal_weights(w)
+        with pytest.raises(ValueError, match="block_size=8"):
+            model(rand_tokens(B, 9))
+        cached = model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=True)
+        assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
+    with pytest.raises(ValueError, match="larger"):
+        model.crop_block_size(9)
 
 
 # --------------------------------------------------------------------------- GPT-2 parity
