@@ -42,6 +42,14 @@ def manual_attention(q, k, v, mask=None, dropout_p=0.0):
     return y, weights
 
 
+def apply_rotary(x, cos, sin):
+    """Rotary position embedding (RoPE): turn each channel pair (x1, x2) of q or k by an angle that
+    grows with the position, so q·k depends only on how far apart two tokens are. x: (B, nh, T, hs),
+    cos and sin: (T, hs/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
 def causal_mask(n_query, n_key, device=None):
     """(Tq, Tk) mask for queries that are the *last* Tq of Tk positions (bottom-right aligned), as
     with a KV cache: query i sits at position Tk - Tq + i and may see keys 0 .. Tk - Tq + i."""
@@ -106,21 +114,23 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """Self-attention (causal by default), or cross-attention when `context` is given."""
 
-    def __init__(self, n_embd, n_head, block_size, dropout=0.0, bias=True, backend="manual", causal=True):
+    def __init__(self, n_embd, n_head, block_size, dropout=0.0, bias=True, backend="manual", causal=True,
+                 qk_norm=False):
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        self.n_head, self.dropout, self.backend, self.causal = n_head, dropout, backend, causal
+        self.n_head, self.dropout, self.backend, self.causal, self.qk_norm = n_head, dropout, backend, causal, qk_norm
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
         self.resid_dropout = nn.Dropout(dropout)
         # built once, not per call; sliced to (Tq, Tk) bottom-right in forward
         self.register_buffer("mask", causal_mask(block_size, block_size), persistent=False)
 
-    def forward(self, x, context=None, kv_cache=None, need_weights=False):
-        """x: (B, Tq, C); context: (B, Tk, C) for cross-attention. Returns (y, weights or None)."""
+    def forward(self, x, context=None, kv_cache=None, need_weights=False, rotary=None):
+        """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; rotary: (cos, sin) for the Tq
+        positions, to apply RoPE to self-attention. Returns (y, weights or None)."""
         B, Tq, C = x.shape
         if context is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -131,6 +141,10 @@ class MultiHeadAttention(nn.Module):
             k, v = F.linear(context, w_kv, b_kv).split(C, dim=2)
         hs = C // self.n_head
         q, k, v = (t.view(B, t.size(1), self.n_head, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if self.qk_norm:  # unit-RMS queries and keys keep the logits of the softmax in a tame range
+            q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
+        if rotary is not None and context is None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, nh, Tk, hs): the cached keys, then these
         Tk = k.size(2)

@@ -4,11 +4,11 @@ loading of GPT-2 weights in Hugging Face format.
 
 References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Hugging Face's GPT-2.
 """
-import inspect
 import json
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -27,6 +27,11 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
     attention: str = "manual"  # one of attention.BACKENDS
+    # Beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
+    pos_embedding: Literal["learned", "rope"] = "learned"  # rope: rotary embeddings in attention
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    qk_norm: bool = False  # RMS-normalise queries and keys per head
+    zero_init: bool = False  # output projections start at zero: every block starts as the identity
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -39,6 +44,14 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attention not in BACKENDS:
             raise ValueError(f"unknown attention backend {self.attention!r}; choose one of {', '.join(BACKENDS)}")
+        if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}")
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
 class MLP(nn.Module):
@@ -58,14 +71,14 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.block_size,
-                                       config.dropout, config.bias, config.attention)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = make_norm(config)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.block_size, config.dropout,
+                                       config.bias, config.attention, qk_norm=config.qk_norm)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None, need_weights=False):
-        y, weights = self.attn(self.ln_1(x), kv_cache=kv_cache, need_weights=need_weights)
+    def forward(self, x, kv_cache=None, need_weights=False, rotary=None):
+        y, weights = self.attn(self.ln_1(x), kv_cache=kv_cache, need_weights=need_weights, rotary=rotary)
         x = x + y
         return x + self.mlp(self.ln_2(x)), weights
 
@@ -76,17 +89,23 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
-            wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=make_norm(config),
         ))
+        if config.pos_embedding == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        else:  # rotary angles: position p turns channel pair i by p / 10000^(2i/hs)
+            hs = config.n_embd // config.n_head
+            angles = torch.outer(torch.arange(config.block_size).float(), 10000.0 ** (-torch.arange(0, hs, 2) / hs))
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)  # (block_size, hs/2)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix reads and writes tokens
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer)
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.0 if config.zero_init else 0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -97,14 +116,15 @@ class GPT(nn.Module):
     def num_params(self, non_embedding=True):
         """Parameter count; position embeddings are left out by default, as in the 6N FLOPs rule."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        return n - self.transformer.wpe.weight.numel() if non_embedding and "wpe" in self.transformer else n
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size for cheaper fine-tuning."""
         if block_size > self.config.block_size:
             raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if "wpe" in self.transformer:
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
         for block in self.transformer.h:
             block.attn.mask = block.attn.mask[:block_size, :block_size]
 
@@ -118,11 +138,16 @@ class GPT(nn.Module):
         start = kv_cache[0].pos if kv_cache else 0
         if start + T > self.config.block_size:
             raise ValueError(f"{start + T} positions exceed block_size={self.config.block_size}; crop the context")
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rotary = None
+        if self.config.pos_embedding == "learned":
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        else:
+            rotary = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        x = self.transformer.drop(x)
         all_weights = []
         for i, block in enumerate(self.transformer.h):
-            x, weights = block(x, kv_cache[i] if kv_cache else None, need_weights)
+            x, weights = block(x, kv_cache[i] if kv_cache else None, need_weights, rotary)
             all_weights.append(weights)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
@@ -130,13 +155,15 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
         return (logits, loss, all_weights) if need_weights else (logits, loss)
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on matrices (Linear weights, embeddings) only, not on biases and norms."""
-        params = [p for p in self.parameters() if p.requires_grad]
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, exclude=()):
+        """AdamW with weight decay on matrices (Linear weights, embeddings) only, not on biases and
+        norms; parameters in `exclude` are left to another optimizer."""
+        skip = {id(p) for p in exclude}
+        params = [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **({"fused": True} if fused else {}))
+        fused = device_type in ("cuda", "cpu")  # one kernel for all parameters: ~3x faster steps on CPU
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
 
     @torch.no_grad()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,

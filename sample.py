@@ -15,6 +15,7 @@ import torch
 from checkpoint import clean_state_dict, load_checkpoint
 from configurator import ConfigError, fail, load_config
 from model import GPT, GPTConfig
+from plots import plot_attention
 from tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from train import pick_device, pick_dtype
 
@@ -34,6 +35,9 @@ class SampleConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attention: Optional[str] = None  # swap the attention backend of the checkpoint (none: as trained)
     use_kv_cache: bool = True
+    attention_map: str = ""  # a .png path: draw the prompt's attention weights there instead of sampling
+    attention_layer: int = 0  # the (layer, head) drawn large in the attention map
+    attention_head: int = 0
 
     def __post_init__(self):
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -68,6 +72,20 @@ def load_model(cfg):
     return model, tokenizer
 
 
+@torch.no_grad()
+def draw_attention(model, tokenizer, ids, cfg):
+    """The attention weights of the prompt, every layer and head, as a picture."""
+    c = model.config
+    if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
+        fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")
+    ids = ids[-c.block_size:]
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    _, _, weights = model(idx, need_weights=True)  # per layer (1, nh, T, T)
+    plot_attention([w[0] for w in weights], [tokenizer.decode([i]) for i in ids], cfg.attention_map,
+                   cfg.attention_layer, cfg.attention_head)
+    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
+
+
 def main(cfg):
     try:
         device = pick_device(cfg.device)
@@ -84,6 +102,9 @@ def main(cfg):
         fail(e)
 
     model.eval().to(device)
+    if cfg.attention_map:
+        draw_attention(model, tokenizer, ids, cfg)
+        return
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)

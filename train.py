@@ -60,8 +60,14 @@ class TrainConfig:
     dropout: float = 0.0
     bias: bool = True
     attention: Literal["manual", "sdpa", "flash", "fa2", "fa3"] = "manual"
-    # optimizer: AdamW, linear warm-up then cosine decay to min_lr
-    learning_rate: float = 2e-3
+    pos_embedding: Literal["learned", "rope"] = "learned"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    qk_norm: bool = False
+    zero_init: bool = False
+    # optimizer: AdamW, or Muon for the blocks' matrices; linear warm-up then cosine decay to min_lr
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    learning_rate: float = 2e-3  # AdamW's; min_lr and muon_lr decay with it in proportion
+    muon_lr: float = 0.02
     max_iters: int = 3000
     max_seconds: float = 0.0  # > 0: stop after this much training time; the schedule then follows time
     weight_decay: float = 0.1
@@ -117,6 +123,23 @@ def pick_dtype(name, device_type):
     if dtype == torch.float16 and device_type == "cpu":
         raise ValueError("float16 autocast is not supported for training on CPU; use --dtype=bfloat16 or float32")
     return dtype
+
+
+def build_optimizers(model, cfg, device_type):
+    """AdamW for everything (model.configure_optimizers), or Muon (torch.optim.Muon: momentum made
+    orthogonal by Newton-Schulz) for the 2-D weights inside the blocks and AdamW for the rest."""
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        optimizers = [model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type)]
+    else:
+        matrices = [p for p in model.transformer.h.parameters() if p.dim() == 2]
+        optimizers = [model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, device_type,
+                                                 exclude=matrices),
+                      torch.optim.Muon(matrices, lr=cfg.muon_lr, weight_decay=cfg.weight_decay)]
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["initial_lr"] = group["lr"]  # the schedule scales every group's own peak
+    return optimizers
 
 
 def cpu_has_bf16():
@@ -259,12 +282,12 @@ def main(cfg):
     # checkpoints hold whole (unsharded) tensors keyed by parameter name, with or without FSDP
     state_options = StateDictOptions(full_state_dict=fsdp, cpu_offload=fsdp)
     raw_model = model
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    optimizers = build_optimizers(model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=dtype == torch.float16)
     batches = Batches(train_data, cfg.block_size, cfg.batch_size, cfg.seed, device)
     iter_num, best_val_loss, trained_before = 0, float("inf"), 0.0
     if checkpoint is not None:
-        set_optimizer_state_dict(model, optimizer, checkpoint["optimizer"], options=state_options)
+        set_optimizer_state_dict(model, optimizers, checkpoint["optimizer"], options=state_options)
         scaler.load_state_dict(checkpoint["scaler"])
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
         trained_before = checkpoint["trained_seconds"]
@@ -309,7 +332,7 @@ def main(cfg):
     def save(reason):
         """Every rank takes part (FSDP gathers the shards); rank 0 writes."""
         model_state = get_model_state_dict(raw_model, options=state_options)
-        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=state_options)
+        optimizer_state = get_optimizer_state_dict(raw_model, optimizers, options=state_options)
         if master:
             state = {"model": model_state, "optimizer": optimizer_state, "scaler": scaler.state_dict(),
                      "model_config": asdict(raw_model.config), "config": asdict(cfg), "tokenizer": meta,
@@ -389,8 +412,9 @@ def main(cfg):
         progress = elapsed / cfg.max_seconds if cfg.max_seconds > 0 else \
             (iter_num - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
         lr = learning_rate(cfg, iter_num, progress)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * lr / cfg.learning_rate
         step_loss = 0.0
         for micro_step, offsets in enumerate(batches.offsets(cfg.gradient_accumulation_steps)[rank::world_size]):
             x, y = batches.load(offsets)
@@ -402,11 +426,13 @@ def main(cfg):
             scaler.scale(loss).backward()
             step_loss += loss.detach()
         if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
+            for optimizer in optimizers:
+                scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
         losses.append(step_loss)
         iter_num += 1
 
