@@ -5,6 +5,7 @@ Saving writes a temporary file beside the target, flushes it to disk and renames
 one, so a crash or kill mid-save leaves the previous checkpoint intact. Loading uses
 torch.load(weights_only=True): tensors and plain Python data only, never arbitrary pickled objects.
 """
+import glob
 import os
 import pickle
 import zipfile
@@ -14,6 +15,8 @@ import torch
 
 def save_checkpoint(state, path):
     directory = os.path.dirname(os.path.abspath(path))
+    for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(os.path.basename(path))}.tmp*")):
+        os.remove(stale)  # left by a save that was killed; the checkpoint itself is intact
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:

@@ -34,6 +34,7 @@ from plots import plot_losses
 from prepare import load_meta, open_split, prepare_shakespeare_char
 
 DEFAULT_DATA_DIR = "data/shakespeare_char"
+SCHEDULE_KEYS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
 SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias")  # must match to resume
 
 
@@ -201,13 +202,16 @@ def set_rng_state(state, batches):
 
 def check_writable(out_dir):
     """Find an unwritable or full out_dir before training, not after hours of it."""
-    os.makedirs(out_dir, exist_ok=True)
     probe = os.path.join(out_dir, f".write-test{os.getpid()}")
     try:
+        os.makedirs(out_dir, exist_ok=True)
         with open(probe, "wb") as f:
             f.write(bytes(1 << 20))
             f.flush()
             os.fsync(f.fileno())
+    except OSError as e:
+        raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
+                         "or free some space") from None
     finally:
         if os.path.exists(probe):
             os.remove(probe)
@@ -249,6 +253,11 @@ def main(cfg):
             if differ:
                 raise ValueError(f"{ckpt_path} was trained with {', '.join(differ)}; resume with the same "
                                  "model settings and data")
+            changed = [f"{k} {checkpoint['config'][k]} -> {getattr(cfg, k)}" for k in SCHEDULE_KEYS
+                       if checkpoint["config"].get(k) != getattr(cfg, k)]
+            if changed and master:
+                print(f"note: {', '.join(changed)} since the checkpoint; the learning-rate schedule follows "
+                      "the new values, so this run will not match an uninterrupted one")
         if master:
             check_writable(cfg.out_dir)
     except (ValueError, OSError) as e:

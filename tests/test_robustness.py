@@ -1,0 +1,481 @@
+"""Robustness: checkpoints that survive a kill mid-save and never run code, exact restarts after
+SIGINT/SIGTERM, a non-finite loss, an unwritable out_dir, and a table of bad inputs that must each
+give exit status 2 and one clear line on stderr, no traceback, and leave the disk as it was.
+
+train.py and sample.py run as separate processes with OMP_NUM_THREADS=1. The processes that get
+signalled or killed are plain `python train.py` / `python -c ...`; the others (the run after a signal,
+the non-finite loss, the unwritable out_dir, the bad-input table) go through conftest's `launch`: forked
+from a server that has already imported torch, ten times cheaper (REAL_SUBPROCESS=1: plain processes).
+
+About temporary files: save_checkpoint writes `.ckpt.pt.tmp<pid>` beside ckpt.pt and renames it
+over ckpt.pt. A process killed with SIGKILL mid-save cannot clean up, so that temp file stays
+behind (ckpt.pt itself is intact) until the next save removes it; nothing else may be left."""
+import importlib.util
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
+from prepare import prepare_char
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
+TINY = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+        "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
+TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
+LOG_LINE = re.compile(r"^iter (\d+): loss ", re.M)
+
+
+def describe(proc):
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def single_error_line(proc):
+    """The one line a script must print on stderr for bad input."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), describe(proc)
+    return lines[0]
+
+
+def snapshot(*roots):
+    """Every file and directory under roots: path -> (size, mtime_ns); None for a missing root."""
+    state = {}
+    for root in map(Path, roots):
+        if not root.exists():
+            state[str(root)] = None
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                p = os.path.join(dirpath, name)
+                st = os.stat(p)
+                state[p] = (st.st_size if name in filenames else -1, st.st_mtime_ns)
+        state[str(root)] = "dir"
+    return state
+
+
+class Lines:
+    """Read a subprocess's stdout and stderr in background threads, so a test can wait for a line
+    with a timeout and the pipes never fill up."""
+
+    def __init__(self, proc):
+        self.proc, self.queue, self.out, self.err = proc, queue.Queue(), [], []
+        self.threads = [threading.Thread(target=self._pump, args=(proc.stdout, self.out, True), daemon=True),
+                        threading.Thread(target=self._pump, args=(proc.stderr, self.err, False), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _pump(self, stream, sink, to_queue):
+        for line in stream:
+            sink.append(line)
+            if to_queue:
+                self.queue.put(line)
+        if to_queue:
+            self.queue.put(None)
+
+    def wait_for(self, pattern, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"exited ({self.proc.wait()}) before printing {pattern!r}:\n"
+                                     f"{''.join(self.out)[-3000:]}\n{''.join(self.err)[-3000:]}")
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{''.join(self.out)[-3000:]}")
+
+    def finish(self, timeout=60):
+        rc = self.proc.wait(timeout=timeout)
+        for t in self.threads:
+            t.join(timeout=10)
+        return rc, "".join(self.out), "".join(self.err)
+
+
+def kill_quietly(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    prepare_char(TEXT, str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir, launch):
+    """out_dir of a 2-iteration training run: ckpt.pt, metrics.jsonl."""
+    out = tmp_path_factory.mktemp("trained")
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2")
+    assert proc.returncode == 0, describe(proc)
+    return out
+
+
+# ---- D. checkpoint safety -----------------------------------------------------------------------
+
+WRITER = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from checkpoint import save_checkpoint
+i = 0
+while True:  # ~200 MB per save: long enough to be killed in the middle of one
+    i += 1
+    state = {"w": torch.full((50_000_000,), float(i)), "iter_num": i}
+    print("saving", i, flush=True)
+    save_checkpoint(state, sys.argv[2])
+    print("saved", i, flush=True)
+"""
+
+
+def test_save_survives_sigkill_mid_save(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    original = {"model": {"w": torch.arange(1000, dtype=torch.float32)}, "iter_num": 7}
+    save_checkpoint(original, str(path))
+    before = snapshot(tmp_path)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(ROOT), str(path)], env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = Lines(writer)
+        lines.wait_for(r"^saving 1$", timeout=60)
+        # kill as soon as any file in the directory has started to change: mid-save
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            changed = {p: s for p, s in snapshot(tmp_path).items() if s != before.get(p)}
+            if any(isinstance(s, tuple) and s[0] > 0 for s in changed.values()):
+                break
+            time.sleep(0.001)
+        else:
+            pytest.fail("the writer never started writing")
+        writer.send_signal(signal.SIGKILL)
+        rc, out, err = lines.finish()
+    finally:
+        kill_quietly(writer)
+    assert rc == -signal.SIGKILL, err
+    assert "saved 1" not in out, "the kill came after the first save had finished; the test did not hit a save"
+
+    loaded = load_checkpoint(str(path))  # still loads ...
+    assert loaded["iter_num"] == 7 and torch.equal(loaded["model"]["w"], original["model"]["w"])  # ... unchanged
+    leftovers = sorted(os.listdir(tmp_path))
+    assert "ckpt.pt" in leftovers
+    assert all(TMP_NAME.match(name) for name in leftovers if name != "ckpt.pt"), leftovers
+    # and the next save still works, and clears the stale temp file away
+    save_checkpoint({"iter_num": 8}, str(path))
+    assert load_checkpoint(str(path))["iter_num"] == 8
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_failed_save_keeps_previous_and_cleans_up(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"iter_num": 1, "w": torch.ones(3)}, str(path))
+    with pytest.raises(Exception):
+        save_checkpoint({"iter_num": 2, "bad": lambda: None}, str(path))  # a lambda cannot be pickled
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+    assert load_checkpoint(str(path))["iter_num"] == 1
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates `marker`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.marker}'",)
+
+
+def test_pickle_payload_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "payload-ran"
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "iter_num": 1, "extra": Payload(marker)}, path)
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(path))
+    assert str(path) in str(e.value) and "not loaded" in str(e.value)
+    assert not marker.exists(), "loading the checkpoint ran its pickled code"
+    # the payload is real: an unsafe load does run it
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_damaged_checkpoint_is_a_value_error_naming_the_file(tmp_path, damage):
+    path = tmp_path / "ckpt.pt"
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    save_checkpoint({"model": model.state_dict(), "iter_num": 3}, str(path))
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[:len(data) // 2], "empty": b"", "garbage": b"not a checkpoint\n" * 100}[damage])
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_missing_checkpoint_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="no checkpoint"):
+        load_checkpoint(str(tmp_path / "ckpt.pt"))
+
+
+def test_clean_state_dict_strips_prefixes():
+    one = torch.ones(1)
+    sd = {"_orig_mod.a.weight": one, "module.b.weight": one, "module._orig_mod.c.weight": one,
+          "_orig_mod.module.d.weight": one, "e.weight": one, "e.module.f": one, "g._orig_mod.h": one}
+    assert list(clean_state_dict(sd)) == ["a.weight", "b.weight", "c.weight", "d.weight", "e.weight", "e.module.f",
+                                          "g._orig_mod.h"]
+    assert clean_state_dict(sd)["a.weight"] is one
+
+
+@pytest.mark.parametrize("wrapper", ["compile", "ddp", "ddp+compile"])
+def test_wrapped_checkpoint_loads_into_plain_gpt(tmp_path, wrapper):
+    cfg = GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    trained = GPT(cfg)
+    # the keys torch.compile's wrapper (_orig_mod.) and DDP (module.) give; building them by hand
+    # spares the test torch.compile's import (~2 s)
+    prefix = {"compile": "_orig_mod.", "ddp": "module.", "ddp+compile": "module._orig_mod."}[wrapper]
+    state = {prefix + k: v for k, v in trained.state_dict().items()}
+    save_checkpoint({"model": state, "model_config": asdict(cfg)}, str(tmp_path / "ckpt.pt"))
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    torch.manual_seed(1)
+    plain = GPT(GPTConfig(**ckpt["model_config"]))
+    plain.load_state_dict(clean_state_dict(ckpt["model"]))  # strict
+    for (name, a), b in zip(trained.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_sample_loads_a_wrapped_checkpoint(tmp_path):
+    from sample import SampleConfig, load_model
+    from tokenizer import CharTokenizer
+    tok = CharTokenizer(TEXT)
+    cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    trained = GPT(cfg)
+    state = {"module._orig_mod." + k: v for k, v in trained.state_dict().items()}
+    save_checkpoint({"model": state, "model_config": asdict(cfg), "tokenizer": tok.meta()}, str(tmp_path / "ckpt.pt"))
+    model, tokenizer = load_model(SampleConfig(out_dir=str(tmp_path), device="cpu"))
+    assert tokenizer.encode("All:") == tok.encode("All:")
+    for name, value in trained.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+# ---- E. signals ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
+    out = tmp_path / "out"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--max_iters=100000"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = Lines(proc)
+        lines.wait_for(r"^iter \d+: loss ")
+        proc.send_signal(signum)
+        rc, stdout, stderr = lines.finish()
+    finally:
+        kill_quietly(proc)
+    text = stdout + stderr
+    assert rc == 128 + signum, f"exit {rc}\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    ckpt_path = out / "ckpt.pt"
+    assert str(ckpt_path) in text, "it should say where the checkpoint is"
+    assert "--init_from=resume" in text, "it should say how to resume"
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "metrics.jsonl"]
+    stopped_at = load_checkpoint(str(ckpt_path))["iter_num"]
+    assert stopped_at > 0
+    assert stopped_at >= max(int(n) for n in LOG_LINE.findall(stdout))  # nothing logged was lost
+
+    resumed = launch("train.py", *args, "--init_from=resume", f"--max_iters={stopped_at + 2}")
+    assert resumed.returncode == 0, describe(resumed)
+    assert "Traceback" not in resumed.stdout + resumed.stderr
+    assert [int(n) for n in LOG_LINE.findall(resumed.stdout)] == [stopped_at + 1, stopped_at + 2]
+    assert load_checkpoint(str(ckpt_path))["iter_num"] == stopped_at + 2
+
+
+# ---- F. non-finite loss -------------------------------------------------------------------------
+
+def test_non_finite_loss_stops_naming_the_iteration(tmp_path, data_dir, launch):
+    out = tmp_path / "out"
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--learning_rate=1e9",
+                  "--warmup_iters=0", "--log_interval=1", "--eval_interval=1000", "--max_iters=50")
+    assert proc.returncode > 0, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr, describe(proc)
+    line = single_error_line(proc)
+    assert re.search(r"\b(nan|inf)\b", line), line  # lr 1e9 really does blow the loss up
+    named = int(re.search(r"iteration (\d+)", line).group(1))
+    finite = [int(n) for n in LOG_LINE.findall(proc.stdout)]  # iterations logged (log_interval=1) before it
+    assert named == max(finite, default=0) + 1, f"named iteration {named}, but iterations {finite} were logged " \
+                                                f"with finite losses\n{proc.stdout}"
+    assert "done:" not in proc.stdout and named < 50
+
+
+# ---- G. unwritable out_dir ----------------------------------------------------------------------
+
+def test_unwritable_out_dir_is_reported_before_training(tmp_path, data_dir, launch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = blocker / "out"
+    before = snapshot(tmp_path, data_dir)
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=5")
+    assert proc.returncode == 2, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    line = single_error_line(proc)
+    assert str(out) in line, line
+    assert not LOG_LINE.search(proc.stdout), "training started"
+    assert snapshot(tmp_path, data_dir) == before
+
+
+# ---- H. bad input: exit 2, one line, no traceback, nothing written -------------------------------
+
+@dataclass
+class Ctx:
+    dir: Path  # this case's own directory (out dirs, data dirs, files it needs)
+    data: Path  # a good data dir, shared
+    trained: Path  # a good out_dir with ckpt.pt, shared
+
+    def ckpt_with(self, change):
+        """A copy of the trained checkpoint, changed by change(ckpt), in a new out dir."""
+        ckpt = torch.load(self.trained / "ckpt.pt", weights_only=True)
+        change(ckpt)
+        out = self.dir / "out"
+        out.mkdir()
+        torch.save(ckpt, out / "ckpt.pt")
+        return out
+
+    def broken_data(self, change):
+        d = self.dir / "data"
+        prepare_char(TEXT, str(d))
+        change(d)
+        return d
+
+
+def train_args(c, *extra, data=None, out=None):
+    return ["train.py", *TINY, f"--data_dir={data or c.data}", f"--out_dir={out or c.dir / 'out'}", "--max_iters=2",
+            *extra]
+
+
+def sample_args(c, *extra, out=None):
+    return ["sample.py", f"--out_dir={out or c.trained}", "--device=cpu", "--max_new_tokens=5", *extra]
+
+
+def _set(d, k, v):
+    d[k] = v
+
+
+@dataclass
+class Case:
+    id: str
+    command: Callable  # Ctx -> [script, *args]
+    fragments: Callable  # Ctx -> strings that must appear on stderr
+    skip: str = ""
+    extra: Callable = field(default=lambda c: None)  # Ctx -> None, more checks
+
+
+FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+CUDA = torch.cuda.is_available()
+OUTSIDE = "Zq7€"  # characters that are not in TEXT
+assert not set(OUTSIDE) & set(TEXT)
+
+CASES = [
+    Case("unknown-key", lambda c: train_args(c, "--n_layr=2"), lambda c: ["'n_layr'", "n_layer"]),
+    Case("wrong-type", lambda c: train_args(c, "--n_layer=two"), lambda c: ["n_layer", "'two'"]),
+    Case("config-missing", lambda c: [*train_args(c), str(c.dir / "missing.toml")],
+         lambda c: [str(c.dir / "missing.toml"), "not found"]),
+    Case("config-not-toml", lambda c: [*train_args(c), str(c.dir / "bad.toml")],
+         lambda c: [str(c.dir / "bad.toml"), "TOML"]),
+    Case("n_embd-not-divisible", lambda c: train_args(c, "--n_embd=30", "--n_head=4"),
+         lambda c: ["n_embd=30", "n_head=4", "divisible"]),
+    Case("unknown-attention", lambda c: train_args(c, "--attention=nope"), lambda c: ["attention", "'nope'"]),
+    Case("attention-fa2-unavailable", lambda c: train_args(c, "--attention=fa2"), lambda c: ["fa2", "flash-attn"],
+         skip="flash-attn is installed" if FLASH_ATTN else ""),
+    Case("device-cuda-unavailable", lambda c: train_args(c, "--device=cuda"), lambda c: ["cuda", "not available"],
+         skip="CUDA is available" if CUDA else ""),
+    Case("dtype-float16-on-cpu", lambda c: train_args(c, "--dtype=float16"), lambda c: ["float16", "CPU"]),
+    Case("data-no-train-bin", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "train.bin").unlink())),
+         lambda c: ["train.bin", str(c.dir / "data")]),
+    Case("data-odd-byte-count",
+         lambda c: train_args(c, data=c.broken_data(lambda d: open(d / "train.bin", "ab").write(b"\0"))),
+         lambda c: [str(c.dir / "data" / "train.bin"), "whole number"]),
+    Case("block-size-larger-than-data", lambda c: train_args(c, "--block_size=100000"),
+         lambda c: ["block_size=100000", "train.bin"]),
+    Case("resume-without-checkpoint", lambda c: (c.dir / "out").mkdir() or train_args(c, "--init_from=resume"),
+         lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
+    Case("resume-other-model-shape",
+         lambda c: train_args(c, "--init_from=resume", "--n_embd=32", out=c.ckpt_with(lambda ck: None)),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "n_embd=16", "32"]),
+    Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
+         lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
+    Case("sample-shape-mismatch",
+         lambda c: sample_args(c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_embd", 32))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "incompatible"]),
+    Case("sample-unknown-model-key",
+         lambda c: sample_args(c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_expert", 4))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "n_expert"]),
+    Case("sample-pickle-payload",
+         lambda c: sample_args(c, out=c.ckpt_with(lambda ck: _set(ck, "extra", Payload(c.dir / "payload-ran")))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "not loaded"],
+         extra=lambda c: not (c.dir / "payload-ran").exists() or pytest.fail("the pickled payload ran")),
+    Case("sample-prompt-outside-vocab", lambda c: sample_args(c, f"--start=All{OUTSIDE}"),
+         lambda c: ["vocabulary", *(repr(ch) for ch in OUTSIDE)]),
+    Case("sample-top_p-0", lambda c: sample_args(c, "--top_p=0"), lambda c: ["top_p"]),
+    Case("sample-top_p-1.5", lambda c: sample_args(c, "--top_p=1.5"), lambda c: ["top_p", "1.5"]),
+    Case("sample-temperature-negative", lambda c: sample_args(c, "--temperature=-1"), lambda c: ["temperature"]),
+    Case("sample-max_new_tokens-negative", lambda c: sample_args(c, "--max_new_tokens=-1"),
+         lambda c: ["max_new_tokens"]),
+]
+
+
+def run_case(launch, case, ctx):
+    (ctx.dir / "bad.toml").write_text("n_layer = = 2\n")
+    command = case.command(ctx)  # builds what the case needs on disk
+    before = snapshot(ctx.dir, ctx.data, ctx.trained)
+    proc = launch(*command)
+    return ctx, command, proc, before, snapshot(ctx.dir, ctx.data, ctx.trained)
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(request, tmp_path_factory, data_dir, trained, launch):
+    """Run the selected cases up front, one process each; each test then checks its own."""
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_bad_input" and hasattr(item, "callspec")]
+    results = {}
+    for case in selected:
+        if not case.skip:
+            try:
+                results[case.id] = run_case(launch, case, Ctx(tmp_path_factory.mktemp(case.id), data_dir, trained))
+            except Exception as e:  # reported by that case's test
+                results[case.id] = e
+    return results
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, bad_input_runs):
+    if case.skip:
+        pytest.skip(case.skip)
+    result = bad_input_runs[case.id]
+    if isinstance(result, Exception):
+        raise result
+    ctx, command, proc, before, after = result
+    where = f"{' '.join(command)}\n{describe(proc)}"
+    assert proc.returncode == 2, where
+    assert "Traceback" not in proc.stdout + proc.stderr, where
+    line = single_error_line(proc)
+    for fragment in case.fragments(ctx):
+        assert fragment in line, f"{fragment!r} not in {line!r}"
+    assert after == before, "files changed on disk: " + ", ".join(
+        sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p)))
+    case.extra(ctx)

@@ -1,0 +1,279 @@
+"""End-to-end tests of train.py and sample.py on a tiny model and a tiny corpus the test writes
+itself, exact resumption, and the typed configuration (configurator.py).
+
+The end-to-end test runs `python train.py` and `python sample.py` as plain subprocesses; the other
+runs go through conftest's `launch` (a process forked from a server that has already imported torch;
+REAL_SUBPROCESS=1 makes those plain subprocesses too). All run with OMP_NUM_THREADS=1: a tiny model
+gains nothing from threads, and on a busy 2-core machine OpenMP's spinning threads make each step
+~100x slower."""
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from configurator import ConfigError, load_config
+from prepare import prepare_char
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
+TINY = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+        "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
+SEPARATOR = "\n---------------\n"
+LOG_LINE = re.compile(r"^iter (\d+): loss ([0-9.]+)\b.*?([0-9.,]+) ms/iter.*?([0-9.,]+) tokens/s", re.M)
+
+
+def run(script, *args, timeout=120):
+    return subprocess.run([sys.executable, script, *map(str, args)], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return proc
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def metrics(out_dir):
+    with open(Path(out_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "data"
+    prepare_char(TEXT, str(d))
+    return d
+
+
+# ---- A. end to end ------------------------------------------------------------------------------
+
+def test_train_then_sample_end_to_end(tmp_path, data_dir, launch):
+    out = tmp_path / "out"
+    proc = check_ok(run("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6",
+                        "--eval_interval=3", "--log_interval=1"))
+    # a log line per iteration with iteration, loss, ms/iter and tokens/s
+    logged = LOG_LINE.findall(proc.stdout)
+    assert [int(m[0]) for m in logged] == [1, 2, 3, 4, 5, 6], proc.stdout
+    for _, loss, ms, tok_s in logged:
+        assert 0 < float(loss) < 10 and float(ms) > 0 and float(tok_s.replace(",", "")) > 0
+    # a final summary, after the last log line
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("done: 6 iterations"), proc.stdout
+    assert str(out / "ckpt.pt") in summary and "sample.py" in summary
+
+    ckpt = load(out / "ckpt.pt")
+    assert ckpt["iter_num"] == 6
+    records = metrics(out)
+    assert [r["iter"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [3, 6]
+    assert all(r["train_loss"] > 0 and r["val_loss"] > 0 for r in evals)
+    assert ckpt["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
+
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("All:\nSpeak", encoding="utf-8")
+    common = [f"--out_dir={out}", "--max_new_tokens=20", "--num_samples=2"]
+    with ThreadPoolExecutor(max_workers=1) as pool:  # a plain `python sample.py`, while the other two run
+        first = pool.submit(run, "sample.py", *common, "--seed=1")
+        again = launch("sample.py", *common, "--seed=1")
+        from_file = launch("sample.py", *common, "--seed=1", f"--start=FILE:{prompt_file}")
+        first = first.result()
+    vocab = set(TEXT)
+    for proc, prompt in ((first, "\n"), (from_file, "All:\nSpeak")):
+        check_ok(proc)
+        samples = proc.stdout.split(SEPARATOR)
+        assert len(samples) == 3 and samples[-1] == "", proc.stdout  # two samples, each closed by the separator
+        for text in samples[:2]:
+            assert text.startswith(prompt), (prompt, text)
+            assert len(text) == len(prompt) + 20  # char-level: one character per new token
+            assert set(text) <= vocab
+        assert samples[0] != samples[1], "the two samples should differ: sampling, not greedy decoding"
+    assert again.stdout == first.stdout, "the same seed must give the same samples"
+
+
+# ---- C. exact resumption ------------------------------------------------------------------------
+
+def assert_identical(a, b, where="checkpoint"):
+    """Recursively: same keys, same structure, bit-identical tensors."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} vs {sorted(b)}"
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def test_resume_is_exact(tmp_path, data_dir, launch):
+    # dropout > 0 makes the torch RNG matter; lr_decay_iters is fixed so the schedule does not depend
+    # on max_iters (by default it decays over max_iters, which differs between the two halves)
+    common = [*TINY, f"--data_dir={data_dir}", "--dropout=0.1", "--eval_interval=4", "--log_interval=1",
+              "--lr_decay_iters=8"]
+    a, b = tmp_path / "A", tmp_path / "B"
+    check_ok(launch("train.py", *common, f"--out_dir={a}", "--max_iters=8"))
+    check_ok(launch("train.py", *common, f"--out_dir={b}", "--max_iters=4"))
+    half = load(b / "ckpt.pt")
+    assert half["iter_num"] == 4
+    for key in ("model", "optimizer", "scaler", "iter_num", "best_val_loss", "rng", "config", "model_config",
+                "tokenizer"):
+        assert key in half, f"checkpoint lacks {key!r}"
+    for key in ("python", "numpy", "torch", "batches"):
+        assert key in half["rng"], f"checkpoint's rng lacks {key!r}"
+    assert half["tokenizer"]["tokenizer"] == "char" and half["tokenizer"]["chars"] == "".join(sorted(set(TEXT)))
+    assert half["model_config"]["n_embd"] == 16 and half["config"]["max_iters"] == 4
+
+    second_half = check_ok(launch("train.py", *common, f"--out_dir={b}", "--init_from=resume", "--max_iters=8"))
+    assert re.search(r"resum\w+ from .*ckpt\.pt at iteration 4\b", second_half.stdout), second_half.stdout
+    assert [int(m[0]) for m in LOG_LINE.findall(second_half.stdout)] == [5, 6, 7, 8]
+
+    ca, cb = load(a / "ckpt.pt"), load(b / "ckpt.pt")
+    assert ca["iter_num"] == cb["iter_num"] == 8
+    assert ca["model"].keys() == cb["model"].keys()
+    for name in ca["model"]:
+        assert torch.equal(ca["model"][name], cb["model"][name]), f"parameter {name} differs after resume"
+    assert_identical(ca["optimizer"], cb["optimizer"], "optimizer")
+    assert_identical(ca["scaler"], cb["scaler"], "scaler")
+    assert_identical(ca["rng"], cb["rng"], "rng")
+    assert ca["best_val_loss"] == cb["best_val_loss"]
+
+    la = {r["iter"]: r["loss"] for r in metrics(a) if "loss" in r}
+    lb = {r["iter"]: r["loss"] for r in metrics(b) if "loss" in r}
+    assert sorted(lb) == list(range(1, 9))
+    assert [la[i] for i in range(5, 9)] == [lb[i] for i in range(5, 9)]
+    va = [(r["iter"], r["train_loss"], r["val_loss"]) for r in metrics(a) if "val_loss" in r]
+    vb = [(r["iter"], r["train_loss"], r["val_loss"]) for r in metrics(b) if "val_loss" in r]
+    assert va == vb
+
+
+# ---- B. configuration -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def TrainConfig():
+    from train import TrainConfig  # imported here so a broken train.py fails these tests, not collection
+    return TrainConfig
+
+
+@pytest.fixture(scope="module")
+def SampleConfig():
+    from sample import SampleConfig
+    return SampleConfig
+
+
+def toml(tmp_path, text, name="cfg.toml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_then_toml_then_cli(tmp_path, TrainConfig):
+    defaults = TrainConfig()
+    path = toml(tmp_path, 'n_layer = 3\nbatch_size = 5\nlearning_rate = 0.01\ndtype = "bfloat16"\nbias = false\n'
+                          'out_dir = "from-toml"\n')
+    cfg = load_config(TrainConfig, [path, "--batch_size=7", "--out_dir=from-cli"])
+    assert cfg.n_layer == 3 and cfg.learning_rate == 0.01 and cfg.dtype == "bfloat16" and cfg.bias is False  # TOML
+    assert cfg.batch_size == 7 and cfg.out_dir == "from-cli"  # CLI beats TOML
+    assert cfg.block_size == defaults.block_size and cfg.n_embd == defaults.n_embd  # defaults
+    # the order on the command line does not matter: flags always beat files
+    assert load_config(TrainConfig, ["--batch_size=7", path]).batch_size == 7
+    assert load_config(TrainConfig, []) == defaults
+
+
+def test_toml_int_is_accepted_for_float(tmp_path, TrainConfig):
+    cfg = load_config(TrainConfig, [toml(tmp_path, "learning_rate = 1\n")])
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("false", False), ("True", True), ("FALSE", False),
+                                            ("1", True), ("0", False)])
+def test_bool_flags(TrainConfig, text, expected):
+    assert load_config(TrainConfig, [f"--compile={text}"]).compile is expected
+
+
+def test_optional_none(SampleConfig):
+    assert load_config(SampleConfig, ["--top_k=none"]).top_k is None
+    assert load_config(SampleConfig, ["--top_k=5"]).top_k == 5
+    assert load_config(SampleConfig, ["--top_p=none"]).top_p is None
+    assert load_config(SampleConfig, ["--top_p=0.9"]).top_p == 0.9
+    assert load_config(SampleConfig, ["--attention=none"]).attention is None
+
+
+def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig):
+    for argv in (["--n_layr=2"], [toml(tmp_path, "n_layr = 2\n")]):
+        with pytest.raises(ConfigError) as e:
+            load_config(TrainConfig, argv)
+        msg = str(e.value)
+        assert "'n_layr'" in msg and "did you mean 'n_layer'" in msg
+        assert "valid settings" in msg and "learning_rate" in msg and "block_size" in msg
+    with pytest.raises(ConfigError, match="xyzzy") as e:
+        load_config(TrainConfig, ["--xyzzy=1"])
+    assert "did you mean" not in str(e.value)  # no close match, no suggestion
+
+
+@pytest.mark.parametrize("argv_or_toml, key", [
+    ("--n_layer=two", "n_layer"), ("--n_layer=2.5", "n_layer"), ("n_layer = 2.5", "n_layer"),
+    ('n_layer = "2"', "n_layer"), ("n_layer = true", "n_layer"),
+    ("--learning_rate=fast", "learning_rate"), ('learning_rate = "1e-3"', "learning_rate"),
+    ("--compile=maybe", "compile"), ("compile = 1", "compile"), ('compile = "true"', "compile"),
+    ("--dtype=float64", "dtype"), ('dtype = "float64"', "dtype"), ("--attention=foo", "attention"),
+    ("out_dir = 3", "out_dir"),
+])
+def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, key):
+    argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
+    with pytest.raises(ConfigError, match=key):
+        load_config(TrainConfig, argv)
+
+
+def test_literal_error_lists_choices(TrainConfig):
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, ["--dtype=float64"])
+    assert all(c in str(e.value) for c in ("float32", "bfloat16", "float16"))
+
+
+def test_missing_file(tmp_path, TrainConfig):
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="not found") as e:
+        load_config(TrainConfig, [missing])
+    assert missing in str(e.value)
+
+
+def test_invalid_toml(tmp_path, TrainConfig):
+    path = toml(tmp_path, "n_layer = = 2\n")
+    with pytest.raises(ConfigError, match="not valid TOML") as e:
+        load_config(TrainConfig, [path])
+    assert path in str(e.value)
+
+
+def test_flag_without_equals(TrainConfig):
+    with pytest.raises(ConfigError, match="--key=value"):
+        load_config(TrainConfig, ["--compile"])
+
+
+@pytest.mark.parametrize("flag, key", [("--batch_size=0", "batch_size"), ("--max_iters=-1", "max_iters"),
+                                       ("--n_embd=30", "n_embd"), ("--dropout=1.0", "dropout")])
+def test_range_checks_are_config_errors(TrainConfig, flag, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(TrainConfig, ["--n_head=4", flag])
+
+
+def test_shipped_configs_load(TrainConfig):
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        load_config(TrainConfig, [str(path)])
