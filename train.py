@@ -471,9 +471,7 @@ def main(cfg):
             save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}")
             if master:
                 print(f"resume with: python train.py {' '.join(sys.argv[1:])} --init_from=resume")
-            if ddp:
-                torch.distributed.barrier()
-                torch.distributed.destroy_process_group()
+            shut_down_distributed()
             sys.exit(128 + stop_signal)
 
     if master:
@@ -482,7 +480,11 @@ def main(cfg):
         metrics_file.close()
         if cfg.wandb_log:
             wandb.finish()
-    if ddp:
+    return raw_model
+
+
+def shut_down_distributed():
+    if torch.distributed.is_initialized():
         torch.distributed.barrier()  # let rank 0 finish its last save; tearing down earlier can hang
         torch.distributed.destroy_process_group()
 
@@ -493,3 +495,4 @@ if __name__ == "__main__":
     except ConfigError as e:
         fail(e)
     main(config)
+    shut_down_distributed()

@@ -1,0 +1,81 @@
+"""Data-parallel training through torchrun on CPU (gloo), two processes: DDP keeps the ranks
+identical, 2 ranks x 1 micro-step equal 1 rank x 2 micro-steps, and FSDP2 trains and writes a
+checkpoint that loads into a plain model. Ranks read disjoint batches."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoint import clean_state_dict, load_checkpoint
+from model import GPT, GPTConfig
+from prepare import prepare_char
+from train import Batches
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"}
+TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
+TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
+        "--batch_size=4", "--gradient_accumulation_steps=2", "--max_iters=4", "--eval_interval=4",
+        "--eval_iters=2", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    prepare_char(TEXT, str(d))
+    return str(d)
+
+
+def torchrun(*args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def final_weights(out_dir):
+    return clean_state_dict(load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["model"])
+
+
+@pytest.fixture(scope="module")
+def single(data_dir, tmp_path_factory, launch):
+    out = str(tmp_path_factory.mktemp("single"))
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    return final_weights(out)
+
+
+def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_path):
+    out = torchrun("tests/distributed_worker.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}")
+    assert "max difference between ranks: 0.0" in out
+    assert "2 process(es) ddp" in out
+    assert out.count("saved ") == 1, "only rank 0 writes checkpoints"
+    ddp = final_weights(tmp_path)
+    for name, w in single.items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
+        assert torch.allclose(ddp[name], w, atol=1e-5, rtol=0), name
+    assert any(not torch.equal(w, GPT(GPTConfig(**load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))["model_config"]))
+                               .state_dict()[n]) for n, w in ddp.items()), "training changed nothing"
+
+
+def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, single, tmp_path):
+    out = torchrun("tests/distributed_worker.py", *TINY, "--parallelism=fsdp", f"--data_dir={data_dir}",
+                   f"--out_dir={tmp_path}")
+    assert "2 process(es) fsdp" in out and "max difference between ranks: 0.0" in out
+    checkpoint = load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))
+    model = GPT(GPTConfig(**checkpoint["model_config"]))
+    model.load_state_dict(clean_state_dict(checkpoint["model"]))  # strict: every tensor whole and present
+    for name, w in model.state_dict().items():  # sharded training computes the same function
+        assert torch.allclose(w, single[name], atol=1e-5, rtol=0), name
+
+
+def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
+    data = torch.arange(1_000_000).numpy()
+    one, two = Batches(data, 8, 4, seed=0, device="cpu"), Batches(data, 8, 4, seed=0, device="cpu")
+    for _ in range(3):  # three optimizer steps of 4 micro-batches over 2 ranks
+        single = one.offsets(4)
+        shared = two.offsets(4)
+        rank0, rank1 = shared[0::2], shared[1::2]
+        assert not set(rank0.flatten().tolist()) & set(rank1.flatten().tolist())
+        assert torch.equal(torch.cat([rank0, rank1]).sort(0).values, single.sort(0).values)
