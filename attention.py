@@ -160,7 +160,7 @@ class MultiHeadAttention(nn.Module):
         else:
             y = self.flash(q, k, v, causal, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side again
-        return self.resid_dropout(self.c_proj(y)), weights
+        return self.resid_dropout(self.c_proj(y)), weights if need_weights else None
 
     def sdpa(self, q, k, v, causal, dropout_p):
         Tq, Tk = q.size(2), k.size(2)

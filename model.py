@@ -200,6 +200,9 @@ class GPT(nn.Module):
         """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
         or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...)."""
         directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
+        if not os.path.isfile(os.path.join(directory, "config.json")):
+            raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json "
+                             "and model.safetensors (or pytorch_model.bin)")
         with open(os.path.join(directory, "config.json")) as f:
             hf = json.load(f)
         config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
@@ -236,6 +239,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         sorted_logits, order = torch.sort(logits, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep tokens until top_p is reached
+        drop[:, 0] = False  # the most likely token always stays
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
