@@ -125,8 +125,6 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
         self.resid_dropout = nn.Dropout(dropout)
-        # built once, not per call; sliced to (Tq, Tk) bottom-right in forward
-        self.register_buffer("mask", causal_mask(block_size, block_size), persistent=False)
 
     def forward(self, x, context=None, kv_cache=None, need_weights=False, rotary=None):
         """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; rotary: (cos, sin) for the Tq
@@ -153,7 +151,7 @@ class MultiHeadAttention(nn.Module):
 
         weights = None
         if self.backend == "manual" or need_weights:
-            mask = self.mask[Tk - Tq:Tk, :Tk] if causal else None
+            mask = causal_mask(Tq, Tk, q.device) if causal else None
             y, weights = manual_attention(q, k, v, mask, dropout_p)
         elif self.backend == "sdpa":
             y = self.sdpa(q, k, v, causal, dropout_p)
@@ -169,7 +167,7 @@ class MultiHeadAttention(nn.Module):
         if Tq == Tk:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         # is_causal=True would align the mask top-left, which is wrong when queries follow a cache
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[Tk - Tq:Tk, :Tk], dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q.device), dropout_p=dropout_p)
 
     def flash(self, q, k, v, causal, dropout_p):
         fn = flash_attn_package(self.backend, q)

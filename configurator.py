@@ -68,7 +68,7 @@ def load_config(cls, argv):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     if any(a in ("-h", "--help") for a in argv):
-        print(f"usage: python {os.path.basename(sys.argv[0])} [config.toml] [--key=value ...]\n\nsettings and defaults:")
+        print(f"usage: python {sys.argv[0]} [config.toml] [--key=value ...]\n\nsettings and defaults:")
         defaults = cls()
         for name in names:
             print(f"  --{name}={getattr(defaults, name)!r:<24} ({type_name(hints[name])})")

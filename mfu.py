@@ -44,11 +44,14 @@ def measure_cpu_peak(dtype, size=1024, seconds=1.0):
     b = torch.randn(size, size, dtype=dtype)
     for _ in range(3):  # warm-up: thread pool, caches, kernel choice
         a @ b
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        n += 1
-    return 2 * size ** 3 * n / (time.perf_counter() - start)
+    best = 0.0
+    for _ in range(5):  # the best of several short runs: a busy moment only lowers one of them
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 5:
+            a @ b
+            n += 1
+        best = max(best, 2 * size ** 3 * n / (time.perf_counter() - start))
+    return best
 
 
 def cpu_name():

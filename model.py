@@ -125,8 +125,6 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
-        for block in self.transformer.h:
-            block.attn.mask = block.attn.mask[:block_size, :block_size]
 
     def new_kv_cache(self):
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]

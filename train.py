@@ -20,7 +20,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
@@ -34,8 +33,10 @@ from plots import plot_losses
 from prepare import load_meta, open_split, prepare_shakespeare_char
 
 DEFAULT_DATA_DIR = "data/shakespeare_char"
+EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias")  # must match to resume
+# must match to resume: they decide which weights exist and their shapes
+SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_embedding", "norm", "qk_norm")
 
 
 @dataclass
@@ -44,7 +45,7 @@ class TrainConfig:
     out_dir: str = "out"
     data_dir: str = DEFAULT_DATA_DIR  # holds train.bin, val.bin, meta.json (see prepare.py)
     init_from: str = "scratch"  # "scratch", "resume" (from out_dir/ckpt.pt), or GPT-2: "gpt2", "gpt2-medium", a local HF dir
-    eval_interval: int = 250
+    eval_interval: int = 1000
     eval_iters: int = 200  # batches per evaluation; the same batches every time
     log_interval: int = 50
     wandb_log: bool = False
@@ -61,16 +62,16 @@ class TrainConfig:
     dropout: float = 0.0
     bias: bool = True
     attention: Literal["manual", "sdpa", "flash", "fa2", "fa3"] = "manual"
-    pos_embedding: Literal["learned", "rope"] = "learned"
+    pos_embedding: Literal["learned", "rope"] = "rope"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     qk_norm: bool = False
     zero_init: bool = False
     # optimizer: AdamW, or Muon for the blocks' matrices; linear warm-up then cosine decay to min_lr
-    optimizer: Literal["adamw", "muon"] = "adamw"
+    optimizer: Literal["adamw", "muon"] = "muon"
     learning_rate: float = 2e-3  # AdamW's; min_lr and muon_lr decay with it in proportion
     muon_lr: float = 0.02
-    max_iters: int = 3000
-    max_seconds: float = 0.0  # > 0: stop after this much training time; the schedule then follows time
+    max_iters: int = 1_000_000
+    max_seconds: float = 190.0  # > 0: stop after this much training time; the schedule then follows time
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -175,8 +176,9 @@ class Batches:
         return torch.randint(len(self.data) - self.block_size, (n_batches, self.batch_size), generator=self.generator)
 
     def load(self, offsets):
-        x = torch.stack([torch.from_numpy(self.data[i:i + self.block_size].astype(np.int64)) for i in offsets])
-        y = torch.stack([torch.from_numpy(self.data[i + 1:i + 1 + self.block_size].astype(np.int64)) for i in offsets])
+        """Inputs x and next-token targets y, each (batch_size, block_size), read in one gather."""
+        rows = torch.from_numpy(self.data[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))
+        x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
         if self.device.startswith("cuda"):  # pinned memory lets the copy overlap with compute
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
@@ -230,6 +232,9 @@ def main(cfg):
         device_type = device.split(":")[0]
         dtype = pick_dtype(cfg.dtype, device_type)
         check_backend(cfg.attention, device_type, dtype, cfg.dropout)
+        if ddp and cfg.parallelism == "fsdp" and cfg.optimizer == "muon":
+            raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; "
+                             "use --optimizer=adamw with --parallelism=fsdp")
         if cfg.gradient_accumulation_steps % world_size:
             raise ValueError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
                              f"of the number of processes ({world_size})")
@@ -325,7 +330,7 @@ def main(cfg):
         out = {}
         raw_model.eval()
         for split, data in (("train", train_data), ("val", val_data)):
-            fixed = Batches(data, cfg.block_size, cfg.batch_size, seed=cfg.seed + 1, device=device)
+            fixed = Batches(data, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=device)
             total = torch.zeros((), device=device)
             for k, offsets in enumerate(fixed.offsets(cfg.eval_iters)):
                 if k % world_size == rank:

@@ -16,7 +16,7 @@ from train import Batches
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"}
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
-TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
+TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=4", "--gradient_accumulation_steps=2", "--max_iters=4", "--eval_interval=4",
         "--eval_iters=2", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
         "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
-TINY = ["--device=cpu", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
+TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
 TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
 LOG_LINE = re.compile(r"^iter (\d+): loss ", re.M)

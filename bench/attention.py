@@ -1,0 +1,392 @@
+"""
+Forward + backward time and peak memory of causal self-attention (attention.MultiHeadAttention,
+projections included) per backend, over sequence lengths:
+
+    python bench/attention.py                                   # CPU: fp32, T = 128 .. 8192
+    python bench/attention.py --dtype=bfloat16 --seq_lens=1024,4096,16384 --n_embd=768 --n_head=12
+    python bench/attention.py --seq_lens=128,256 --repeats=2 --out=/tmp/attn.json   # smoke test
+
+Time: at each T the backends run interleaved (manual, sdpa, flash, manual, sdpa, flash, ...) for
+`repeats` rounds after a warm-up, and the median is reported, so load on a shared machine hits every
+backend alike. Each sample is at least min_sample_s long (several back-to-back calls for small T).
+
+Peak memory: the growth above a baseline taken after the module, its causal-mask buffer and the
+inputs exist, so it counts the activations saved for backward, the temporaries, the output and the
+gradients of one forward + backward.
+  CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, in this process, on a call
+        after the warm-up (so cuBLAS workspaces are not counted).
+  CPU:  there is no allocator counter, so each (backend, T) runs in a fresh subprocess of this script
+        (--single=backend:T) that measures the peak resident set size of one call: it resets the
+        kernel's high-water mark (write "5" to /proc/self/clear_refs, Linux >= 4.0) just before the
+        call and reads VmHWM from /proc/self/status after it. A fresh process matters because glibc
+        keeps freed memory around, which would hide part of a later measurement; the child also gets
+        MALLOC_MMAP_THRESHOLD_ fixed, so every large tensor is its own mmap, returned to the kernel when
+        freed and so visible in RSS only while alive. Where clear_refs cannot be written the child falls
+        back to ru_maxrss minus the RSS before the call (can undercount when an earlier peak, e.g. the
+        import of torch, was higher; the JSON records which method ran). RSS is pages touched, so the
+        numbers are rounded up to pages and include small one-time allocations (thread pools, kernel
+        caches) of the first call: a few MiB, negligible next to the manual path's T*T scores.
+A backend stops growing T once it runs out of memory or one call takes longer than time_budget;
+the larger T are marked skipped. On CPU a run predicted not to fit in the available memory is
+skipped, not attempted, so the kernel's OOM killer never has to pick a process on a shared machine.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import json
+import math
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+import attention as attn_mod
+from attention import MultiHeadAttention, check_backend
+from bench.benchutil import (default_out, fail, fmt, machine_info, md_table, parse, print_machine, resolve_device,
+                             set_threads, split_list, summary, sync, timed, write_json)
+
+CHECK_T = 4096  # the issue's requirement: fused peak memory <= 1/10 of manual at this T on CPU
+CHECK_RATIO = 0.1
+
+
+@dataclass
+class AttentionBench:
+    seq_lens: str = "128,256,512,1024,2048,4096,8192"  # comma-separated
+    backends: str = "auto"  # comma-separated; auto: manual,sdpa,flash and fa2/fa3 where they can run
+    batch_size: int = 1
+    n_embd: int = 128
+    n_head: int = 4
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    repeats: int = 5  # interleaved timing rounds per T; the median is reported
+    min_sample_s: float = 0.02  # each timing sample runs back-to-back calls until at least this long
+    time_budget: float = 20.0  # seconds for one forward + backward; above it a backend stops growing T
+    memory: bool = True  # measure peak memory (on CPU: one subprocess per backend and T)
+    threads: int = 0  # torch threads; 0: torch's default
+    seed: int = 0
+    out: str = ""  # JSON path; "": bench/results/attention-<device>.json
+    single: str = ""  # internal: "backend:T" measures one point (CPU peak memory) and prints JSON
+
+    def __post_init__(self):
+        for name in ("batch_size", "n_embd", "n_head", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.time_budget <= 0:
+            raise ValueError(f"time_budget must be > 0, got {self.time_budget}")
+
+
+def make_case(cfg, backend, T, device):
+    """(step function, module, inputs): one causal self-attention forward + backward at length T."""
+    dtype = getattr(torch, cfg.dtype)
+    torch.manual_seed(cfg.seed)
+    mha = MultiHeadAttention(cfg.n_embd, cfg.n_head, block_size=T, backend=backend).to(device, dtype)
+    x = torch.randn(cfg.batch_size, T, cfg.n_embd, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def step():
+        mha.zero_grad(set_to_none=True)  # every call allocates the same gradients, none accumulate
+        x.grad = None
+        y, _ = mha(x)
+        y.backward(grad)
+
+    return step, mha, x
+
+
+def is_oom(e):
+    text = str(e).lower()
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or \
+        ("alloc" in text and ("bytes" in text or "memory" in text))
+
+
+# ---- CPU peak memory, in a child process -------------------------------------------------------
+
+def status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def single(cfg):
+    """Child: one (backend, T) point. Prints one JSON line: peak bytes over the baseline and seconds."""
+    backend, _, t = cfg.single.partition(":")
+    T = int(t)
+    device = resolve_device(cfg.device)
+    set_threads(cfg.threads)
+    try:
+        step, mha, x = make_case(cfg, backend, T, device)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset VmHWM to the current RSS
+            method = "VmHWM after clear_refs"
+        except OSError:
+            method = "ru_maxrss - VmRSS (clear_refs not writable; may undercount)"
+        base_kb = status_kb("VmRSS")
+        start = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - start
+        if method.startswith("VmHWM"):
+            peak_kb = status_kb("VmHWM")
+        else:
+            import resource
+            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = {"status": "ok", "peak_bytes": max(0, peak_kb - base_kb) * 1024, "seconds": seconds,
+                  "method": method}
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
+        result = {"status": "oom" if is_oom(e) else "error", "message": f"{type(e).__name__}: {e}"[:500]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def mem_available():
+    try:
+        return status_meminfo("MemAvailable") * 1024
+    except OSError:
+        return None
+
+
+def status_meminfo(field):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(field)
+
+
+def predicted_bytes(cfg, backend, T):
+    """A generous guess of one call's peak on CPU, to skip runs that cannot fit (see the docstring)."""
+    elem = torch.finfo(getattr(torch, cfg.dtype)).bits // 8
+    linear = 20 * cfg.batch_size * T * cfg.n_embd * elem  # projections, q/k/v, outputs, gradients
+    if backend == "manual":  # scores, masked scores, weights, and their gradients: ~ 5 (B, nh, T, T)
+        return linear + 5 * cfg.batch_size * cfg.n_head * T * T * max(elem, 4)
+    return linear
+
+
+def child_point(cfg, backend, T):
+    """Parent side of the CPU memory measurement."""
+    need, avail = predicted_bytes(cfg, backend, T), mem_available()
+    if avail is not None and need > 0.7 * avail:
+        return {"status": "oom", "message": f"predicted ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available; "
+                                            "not attempted"}
+    argv = [sys.executable, os.path.abspath(__file__), f"--single={backend}:{T}"] + \
+           [f"--{k}={getattr(cfg, k)}" for k in ("batch_size", "n_embd", "n_head", "dtype", "device", "threads", "seed")]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    limit = 3 * cfg.time_budget + 120  # import of torch, building inputs, then one call
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "slow", "message": f"the child did not finish within {limit:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    if proc.returncode in (-9, 137):
+        return {"status": "oom", "message": "the child was killed (SIGKILL: out of memory?)"}
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"status": "error", "message": f"exit {proc.returncode}: {tail}"[:500]}
+
+
+# ---- the sweep ----------------------------------------------------------------------------------
+
+def available_backends(cfg, device):
+    kind = device.split(":")[0]
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.backends != "auto":
+        return split_list(cfg.backends, "backends", allowed=attn_mod.BACKENDS)
+    names = ["manual", "sdpa", "flash"]
+    for extra in ("fa2", "fa3"):
+        try:
+            check_backend(extra, kind, dtype, 0.0)
+        except ValueError:
+            continue
+        if extra == "fa3" and torch.cuda.get_device_capability(device)[0] < 9:
+            continue
+        names.append(extra)
+    return names
+
+
+def flash_kernel(device, dtype):
+    """What backend='flash' resolves to here: the flash-attn package (fa2/fa3) or PyTorch's kernel."""
+    q = torch.empty(1, 1, 1, 8, device=device, dtype=dtype)
+    fn = attn_mod.flash_attn_package("flash", q)
+    return "fa3" if fn is not None and fn is attn_mod.fa3_func else "fa2" if fn is not None else "pytorch"
+
+
+def main(cfg):
+    if cfg.single:
+        return single(cfg)
+    device = resolve_device(cfg.device)
+    kind = device.split(":")[0]
+    set_threads(cfg.threads)
+    dtype = getattr(torch, cfg.dtype)
+    seq_lens = split_list(cfg.seq_lens, "seq_lens", int)
+    if any(t < 1 for t in seq_lens):
+        fail("seq_lens must be positive integers")
+    backends = available_backends(cfg, device)
+    info = machine_info(device)
+    print_machine(info)
+    print(f"causal self-attention forward+backward | B={cfg.batch_size} n_embd={cfg.n_embd} n_head={cfg.n_head} "
+          f"dtype={cfg.dtype} | backends {', '.join(backends)} (flash -> {flash_kernel(device, dtype)}) | "
+          f"median of {cfg.repeats} interleaved rounds | peak memory: "
+          f"{'not measured (--memory=false)' if not cfg.memory else 'max_memory_allocated' if kind == 'cuda' else 'peak RSS growth in a fresh subprocess' if kind == 'cpu' else 'not measured'}")
+
+    results = {b: {} for b in backends}  # backend -> T -> record
+    stopped = {}  # backend -> why it stopped growing T
+    for b in backends:
+        try:
+            check_backend(b, kind, dtype, 0.0)
+        except ValueError as e:
+            stopped[b] = f"unsupported: {e}"
+    for T in seq_lens:
+        live = {}
+        for b in backends:
+            if b in stopped:
+                results[b][T] = {"status": "skipped", "message": stopped[b]}
+                continue
+            rec = {"status": "ok"}
+            # peak memory (and one cold call's time, on CPU)
+            if cfg.memory and kind == "cpu":
+                point = child_point(cfg, b, T)
+                rec.update(peak_bytes=point.get("peak_bytes"), memory_method=point.get("method"),
+                           cold_seconds=point.get("seconds"))
+                if point["status"] != "ok":
+                    rec.update(status=point["status"], message=point.get("message"))
+                    stopped[b] = f"{point['status']} at T={T}"
+                    results[b][T] = rec
+                    continue
+                if point["seconds"] > cfg.time_budget:
+                    rec.update(status="slow", message=f"one call took {point['seconds']:.1f} s > time_budget")
+                    stopped[b] = f"slow at T={T}"
+                    results[b][T] = rec
+                    continue
+            try:
+                step, mha, x = make_case(cfg, b, T, device)
+                first = timed(step, device)  # warm-up: kernel choice, thread pools, workspaces
+                if cfg.memory and kind == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                    base = torch.cuda.memory_allocated(device)
+                    first = timed(step, device)
+                    rec.update(peak_bytes=torch.cuda.max_memory_allocated(device) - base,
+                               memory_method="torch.cuda.max_memory_allocated")
+            except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
+                rec.update(status="oom" if is_oom(e) else "error",
+                           message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300])
+            if rec["status"] != "ok":  # outside the except: its traceback no longer pins the tensors
+                stopped[b] = f"{rec['status']} at T={T}"
+                results[b][T] = rec
+                step = mha = x = None
+                if kind == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            if first > cfg.time_budget:
+                rec.update(status="slow", time={"median": first, "min": first, "max": first, "n": 1},
+                           message=f"one call took {first:.1f} s > time_budget")
+                stopped[b] = f"slow at T={T}"
+                results[b][T] = rec
+                continue
+            if first < cfg.min_sample_s:  # calibrate on the fastest of a few calls: one can hit a stall
+                first = min(first, *(timed(step, device) for _ in range(3)))
+            rec["inner"] = max(1, math.ceil(cfg.min_sample_s / max(first, 1e-9)))
+            live[b] = (step, rec)
+            results[b][T] = rec
+        # interleaved timing: one sample of each live backend per round
+        samples = {b: [] for b in live}
+        for _ in range(cfg.repeats):
+            for b, (step, rec) in live.items():
+                if rec["status"] != "ok":
+                    continue
+                try:
+                    samples[b].append(timed(step, device, rec["inner"]))
+                except Exception as e:  # noqa: BLE001
+                    rec.update(status="oom" if is_oom(e) else "error",
+                               message=f"{type(e).__name__} while timing: {(str(e).splitlines() or [''])[0]}"[:300])
+                    stopped[b] = f"{rec['status']} at T={T}"
+        for b, (step, rec) in list(live.items()):
+            if rec["status"] != "ok":
+                continue
+            rec["time"] = summary(samples[b])
+            if rec["time"]["median"] > cfg.time_budget:
+                stopped[b] = f"slow at T={T}"
+        live.clear()
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+        line = "  ".join(f"{b} {cell_ms(results[b][T])} ms / {cell_mib(results[b][T])} MiB" for b in backends)
+        print(f"T={T}: {line}", flush=True)
+
+    report(cfg, device, info, backends, seq_lens, results)
+
+
+def cell_ms(rec):
+    t = rec.get("time")
+    if rec["status"] in ("ok", "slow") and t:
+        return fmt(t["median"] * 1e3, ".2f") + ("*" if rec["status"] == "slow" else "")
+    return rec["status"]
+
+
+def cell_mib(rec):
+    return fmt(rec["peak_bytes"] / 2**20, ".1f") if rec.get("peak_bytes") is not None else (
+        "-" if rec["status"] in ("ok", "slow") else rec["status"])
+
+
+def ratio(results, b, ref, T, key):
+    a, r = results[b].get(T, {}), results[ref].get(T, {})
+    if key == "time":
+        x = a.get("time") and a["time"]["median"]
+        y = r.get("time") and r["time"]["median"]
+        return y / x if x and y else None  # speed-up over ref
+    x, y = a.get("peak_bytes"), r.get("peak_bytes")
+    return x / y if x is not None and y else None  # memory as a share of ref
+
+
+def report(cfg, device, info, backends, seq_lens, results):
+    kind = device.split(":")[0]
+    others = [b for b in backends if b != "manual"] if "manual" in backends else []
+    headers = ["T"] + [f"{b} ms" for b in backends] + [f"{b} MiB" for b in backends] + \
+              [f"{b} speed-up" for b in others] + [f"{b} mem/manual" for b in others]
+    rows = []
+    for T in seq_lens:
+        row = [T] + [cell_ms(results[b][T]) for b in backends] + [cell_mib(results[b][T]) for b in backends]
+        row += [fmt(ratio(results, b, "manual", T, "time"), ".2f") + ("x" if ratio(results, b, "manual", T, "time") else "")
+                for b in others]
+        row += [fmt(ratio(results, b, "manual", T, "mem"), ".3f") for b in others]
+        rows.append(row)
+    print()
+    print(md_table(headers, rows))
+    print("(ms: median forward+backward; MiB: peak memory growth of one call; speed-up = manual time / backend time;"
+          " * = over time_budget, stopped there)")
+    notes = sorted({f"{b}: {rec['message']}" for b in backends for rec in results[b].values()
+                    if rec.get("message")})
+    for n in notes:
+        print(f"  note: {n}")
+
+    check = None
+    if "manual" in backends and "flash" in backends:
+        r = ratio(results, "flash", "manual", CHECK_T, "mem")
+        sd = ratio(results, "sdpa", "manual", CHECK_T, "mem") if "sdpa" in backends else None
+        holds = None if r is None else r <= CHECK_RATIO
+        check = {"T": CHECK_T, "flash_over_manual_peak_memory": r, "sdpa_over_manual_peak_memory": sd,
+                 "required_at_most": CHECK_RATIO, "applies": kind == "cpu", "holds": holds}
+        if r is None:
+            verdict = f"not measured (T={CHECK_T} not in seq_lens, or a backend did not run there)"
+        else:
+            verdict = f"{r:.4f} (1/{1 / r:.0f})" if r > 0 else "0"
+            verdict += f" -> requirement <= {CHECK_RATIO}: {'HOLDS' if holds else 'DOES NOT HOLD'}"
+            if kind != "cpu":
+                verdict += " (the requirement is stated for CPU; shown for information)"
+        print(f"peak memory flash / manual at T={CHECK_T}: {verdict}"
+              + (f"; sdpa / manual: {sd:.4f}" if sd is not None else ""))
+
+    out = cfg.out or default_out("attention", device)
+    write_json(out, {"benchmark": "attention", "machine": info, "config": asdict(cfg),
+                     "flash_kernel": flash_kernel(device, getattr(torch, cfg.dtype)),
+                     "results": {b: {str(T): rec for T, rec in results[b].items()} for b in backends},
+                     "requirement": check})
+
+
+if __name__ == "__main__":
+    main(parse(AttentionBench, sys.argv[1:]))

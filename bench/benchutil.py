@@ -1,0 +1,166 @@
+"""Shared helpers for the bench/ scripts: option parsing, machine description, timing, tables, JSON.
+
+Every script puts the repository root first on sys.path before importing this, so `bench.benchutil`
+and the top-level modules (model, attention, train, ...) resolve the same from any directory.
+"""
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from configurator import ConfigError, fail, load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def parse(cls, argv):
+    """load_config, with a bad flag reported as one line on stderr (exit status 2)."""
+    try:
+        return load_config(cls, argv)
+    except ConfigError as e:
+        fail(e)
+
+
+def split_list(text, name, convert=str, allowed=None):
+    """'a,b,c' -> [convert(a), ...]; a bad item is one clear error."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        fail(f"{name} is empty; give a comma-separated list")
+    out = []
+    for s in items:
+        try:
+            v = convert(s)
+        except ValueError:
+            fail(f"{name}: {s!r} is not a valid {convert.__name__}")
+        if allowed is not None and v not in allowed:
+            fail(f"{name}: {s!r} is not one of {', '.join(map(str, allowed))}")
+        out.append(v)
+    return out
+
+
+def resolve_device(name):
+    from train import pick_device
+    try:
+        return pick_device(name)
+    except ValueError as e:
+        fail(e)
+
+
+def device_slug(device):
+    return device.split(":")[0]
+
+
+def default_out(name, device):
+    return os.path.join(RESULTS, f"{name}-{device_slug(device)}.json")
+
+
+def set_threads(n):
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit():
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("+dirty" if dirty else "") if head else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info(device):
+    """What the numbers were measured on; stored in every JSON and printed above every table."""
+    kind = device_slug(device)
+    info = {
+        "device": device,
+        "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_model(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if kind == "cuda" else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if kind == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        info["gpu_memory_gib"] = round(total / 2**30, 1)
+    return info
+
+
+def print_machine(info):
+    load = ", ".join(f"{x:.1f}" for x in info["load_average"]) if info["load_average"] else "?"
+    print(f"machine: {info['device_name']} | device {info['device']} | torch {info['torch']}"
+          f"{' (CUDA ' + info['cuda'] + ')' if info['cuda'] else ''} | {info['torch_threads']} threads "
+          f"({info['cpus_usable']} of {info['cpu_count']} CPUs usable) | load {load} | git {info['git']}")
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, inner=1):
+    """Seconds per call of fn, averaged over `inner` back-to-back calls (device synchronised)."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / inner
+
+
+def summary(samples):
+    """median / min / max / n of a list of seconds (or any numbers)."""
+    if not samples:
+        return None
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
+            "samples": samples}
+
+
+def md_table(headers, rows):
+    """A GitHub markdown table; cells are printed with str()."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells])
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+    path = os.path.abspath(path)
+    print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")
+
+
+def fmt(x, spec=".1f", none="-"):
+    return none if x is None else format(x, spec)

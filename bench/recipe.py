@@ -1,0 +1,218 @@
+"""
+Which training recipe gets further in the same wall-clock budget? Runs train.py (as subprocesses)
+for each config, for several seeds, interleaved (ref, default, ref, default, ...) so load on a
+shared machine hits every config alike, each into its own out_dir; then evaluates every final
+checkpoint on the same fixed val (and train) batches and prints the mean and spread per config.
+
+    python bench/recipe.py                                           # 190 s per run, 3 seeds, 2 configs
+    python bench/recipe.py --max_seconds=5 --seeds=1 --eval_batches=5 --out=/tmp/recipe.json   # smoke test
+
+Budget: train.py --max_seconds (its schedule follows the clock; evaluation time is not counted) with
+--max_iters large, so every run stops on time, not on iterations. train.py's periodic evaluations are
+turned off (--eval_interval huge) and its final one shortened (--eval_iters=train_eval_iters): this
+script does the evaluation that counts. "default" in --configs means train.py with no config file.
+Evaluation: eval_batches batches of eval_batch_size x eval_block_size tokens from val.bin, drawn once
+from a generator seeded with eval_seed, the same for every checkpoint (eval_block_size defaults to the
+smallest block_size among the runs, so every model can take it); float32, no dropout. The same for
+train.bin gives the train loss; gap = val - train.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import shlex
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
+                             resolve_device, split_list, write_json)
+from checkpoint import clean_state_dict, load_checkpoint
+from model import GPT, GPTConfig
+from prepare import open_split
+from train import Batches
+
+
+@dataclass
+class RecipeBench:
+    configs: str = "configs/nanogpt_cpu_reference.toml,default"  # comma-separated TOMLs; "default": no file
+    max_seconds: float = 190.0  # training-time budget of every run (train.py --max_seconds)
+    seeds: str = "1337,1338,1339"  # comma-separated; one run per config per seed
+    train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
+    train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
+    threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
+    work_dir: str = ""  # where the out_dirs go; "": /tmp/recipe-<time>
+    run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300
+    eval_batches: int = 200  # fixed batches per split for the final evaluation
+    eval_batch_size: int = 12
+    eval_block_size: int = 0  # 0: the smallest block_size among the runs
+    eval_seed: int = 4242
+    device: str = "auto"  # for the evaluation
+    out: str = ""  # JSON path; "": bench/results/recipe-<device>.json
+
+    def __post_init__(self):
+        if self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
+        for name in ("eval_batches", "eval_batch_size", "train_eval_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.eval_block_size < 0:
+            raise ValueError(f"eval_block_size must be >= 0, got {self.eval_block_size}")
+
+
+def label(config):
+    return "default" if config == "default" else os.path.splitext(os.path.basename(config))[0]
+
+
+def run_train(cfg, config, seed, out_dir):
+    argv = [sys.executable, os.path.join(ROOT, "train.py")] + ([] if config == "default" else [config])
+    argv += [f"--out_dir={out_dir}", f"--seed={seed}", f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000",
+             "--eval_interval=1000000000", f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
+    env = dict(os.environ)
+    if cfg.threads > 0:
+        env["OMP_NUM_THREADS"] = str(cfg.threads)
+    os.makedirs(out_dir, exist_ok=True)
+    timeout = cfg.run_timeout or 3 * cfg.max_seconds + 300
+    start = time.time()
+    with open(os.path.join(out_dir, "train.log"), "w") as log:
+        log.write(" ".join(shlex.quote(a) for a in argv) + "\n")
+        log.flush()
+        try:
+            rc = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    rec = {"config": config, "label": label(config), "seed": seed, "out_dir": out_dir, "returncode": rc,
+           "wall_seconds": round(time.time() - start, 1)}
+    if rc != 0:
+        with open(os.path.join(out_dir, "train.log")) as f:
+            lines = [l.strip() for l in f if l.strip()]
+        rec["error"] = lines[-1] if lines else "no output"
+    return rec
+
+
+@torch.no_grad()
+def mean_loss(model, data_batches):
+    total = 0.0
+    for x, y in data_batches:
+        total += model(x, y)[1].float().item()
+    return total / len(data_batches)
+
+
+def fixed_batches(data, block_size, cfg, device):
+    b = Batches(data, block_size, cfg.eval_batch_size, cfg.eval_seed, device)
+    return [b.load(offsets) for offsets in b.offsets(cfg.eval_batches)]
+
+
+def spread(values):
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def main(cfg):
+    configs = split_list(cfg.configs, "configs")
+    for c in configs:
+        if c != "default" and not os.path.isfile(os.path.join(ROOT, c)) and not os.path.isfile(c):
+            fail(f"config file {c!r} not found (paths are relative to the repository root; 'default' means none)")
+    configs = [c if c == "default" or os.path.isabs(c) or not os.path.isfile(os.path.join(ROOT, c))
+               else os.path.join(ROOT, c) for c in configs]
+    if len({label(c) for c in configs}) != len(configs):
+        fail("configs must have different file names (they label the runs)")
+    seeds = split_list(cfg.seeds, "seeds", int)
+    device = resolve_device(cfg.device)
+    work = cfg.work_dir or os.path.join("/tmp", f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
+    info = machine_info(device)
+    print_machine(info)
+    print(f"{len(configs)} configs x {len(seeds)} seeds, {cfg.max_seconds:g} s of training each, interleaved; "
+          f"out_dirs under {work}")
+
+    runs = []
+    for seed in seeds:
+        for config in configs:
+            out_dir = os.path.join(work, f"{label(config)}-seed{seed}")
+            print(f"train: {label(config)} seed {seed} -> {out_dir} ...", end=" ", flush=True)
+            rec = run_train(cfg, config, seed, out_dir)
+            print(f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)", flush=True)
+            runs.append(rec)
+
+    # ---- evaluation on fixed batches, the same for every checkpoint ----
+    models = []
+    for rec in runs:
+        if rec["returncode"] != 0:
+            continue
+        try:
+            ckpt = load_checkpoint(os.path.join(rec["out_dir"], "ckpt.pt"))
+        except ValueError as e:
+            rec.update(returncode="no checkpoint", error=str(e))
+            continue
+        rec["iterations"] = ckpt["iter_num"]
+        rec["trained_seconds"] = round(ckpt["trained_seconds"], 1)
+        rec["train_config"] = ckpt["config"]
+        models.append((rec, ckpt))
+    if not models:
+        fail("no run produced a checkpoint; see the train.log files under " + work, status=1)
+    data_dirs = {os.path.normpath(os.path.join(ROOT, ckpt["config"]["data_dir"])) for _, ckpt in models}
+    if len(data_dirs) > 1:
+        fail(f"the runs trained on different data ({', '.join(sorted(data_dirs))}); their losses do not compare", status=1)
+    data_dir = data_dirs.pop()
+    block = cfg.eval_block_size or min(ckpt["model_config"]["block_size"] for _, ckpt in models)
+    too_small = [r["label"] for r, ckpt in models if ckpt["model_config"]["block_size"] < block]
+    if too_small:
+        fail(f"eval_block_size={block} exceeds the block_size of {', '.join(too_small)}", status=1)
+    val = fixed_batches(open_split(data_dir, "val"), block, cfg, device)
+    train = fixed_batches(open_split(data_dir, "train"), block, cfg, device)
+    print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x {block} "
+          f"tokens per split ({data_dir}, seed {cfg.eval_seed})")
+    for rec, ckpt in models:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(clean_state_dict(ckpt["model"]))
+        model.to(device).eval()
+        rec["val_loss"] = mean_loss(model, val)
+        rec["train_loss"] = mean_loss(model, train)
+        rec["gap"] = rec["val_loss"] - rec["train_loss"]
+
+    print()
+    print(md_table(["config", "seed", "iterations", "train s", "val loss", "train loss", "gap"],
+                   [[r["label"], r["seed"], r.get("iterations", "-"), fmt(r.get("trained_seconds")),
+                     fmt(r.get("val_loss"), ".4f"), fmt(r.get("train_loss"), ".4f"), fmt(r.get("gap"), ".4f")]
+                    if "val_loss" in r else [r["label"], r["seed"], "FAILED", "", "", "", ""] for r in runs]))
+    summaries = {}
+    for c in configs:
+        mine = [r for r in runs if r["config"] == c and "val_loss" in r]
+        summaries[label(c)] = {k: spread([r[k] for r in mine]) for k in ("val_loss", "train_loss", "gap", "iterations")}
+    print()
+    print(md_table(["config", "runs", "val mean", "val std", "val min-max", "train mean", "gap mean", "iterations mean"],
+                   [[name, s["val_loss"]["n"], fmt(s["val_loss"].get("mean"), ".4f"), fmt(s["val_loss"].get("std"), ".4f"),
+                     f"{fmt(s['val_loss'].get('min'), '.4f')}-{fmt(s['val_loss'].get('max'), '.4f')}",
+                     fmt(s["train_loss"].get("mean"), ".4f"), fmt(s["gap"].get("mean"), ".4f"),
+                     fmt(s["iterations"].get("mean"), ".0f")] for name, s in summaries.items()]))
+    paired = None
+    if len(configs) == 2:  # same seed, both configs: the difference per seed
+        a, b = (label(c) for c in configs)
+        diffs = []
+        for seed in seeds:
+            ra = next((r for r in runs if r["label"] == a and r["seed"] == seed and "val_loss" in r), None)
+            rb = next((r for r in runs if r["label"] == b and r["seed"] == seed and "val_loss" in r), None)
+            if ra and rb:
+                diffs.append(ra["val_loss"] - rb["val_loss"])
+        paired = {"a": a, "b": b, "val_loss_a_minus_b": diffs, **spread(diffs)}
+        if diffs:
+            print(f"val loss {a} - {b}, paired by seed: mean {paired['mean']:+.4f} (min {paired['min']:+.4f}, "
+                  f"max {paired['max']:+.4f}, n {len(diffs)}); negative means {a} is better")
+    for r in runs:
+        if r.get("error"):
+            print(f"  note: {r['label']} seed {r['seed']}: {r['error']} (log: {r['out_dir']}/train.log)")
+    out = cfg.out or default_out("recipe", device)
+    write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg), "work_dir": work,
+                     "eval": {"data_dir": data_dir, "block_size": block, "batch_size": cfg.eval_batch_size,
+                              "batches": cfg.eval_batches, "seed": cfg.eval_seed},
+                     "runs": runs, "summary": summaries, "paired": paired})
+
+
+if __name__ == "__main__":
+    main(parse(RecipeBench, sys.argv[1:]))

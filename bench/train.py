@@ -1,0 +1,284 @@
+"""
+Training-step throughput (tokens/s) and MFU, variants side by side: eager vs torch.compile, fp32 vs
+bf16 autocast, manual vs sdpa vs flash attention.
+
+    python bench/train.py                                         # the CPU default model: dtype x attention
+    python bench/train.py configs/gpt2_124m.toml --batch_size=16 --variants=compile --attention=flash --dtype=bfloat16
+    python bench/train.py --variants=attention --attentions=sdpa,flash --repeats=3 --out=/tmp/t.json
+
+A step is what train.py does per iteration: forward under autocast, backward, gradient clipping,
+the optimizer step (train.build_optimizers: AdamW, or Muon with --optimizer in the TOML) and zero_grad,
+on random tokens (no dataset needed; speed does not depend on the data). All variants start from
+the same weights and see the same batches.
+
+Time: every variant is built first; compiled ones take their first step then (that step's time,
+compile included, is reported as "compile s" and excluded from the timing); each variant runs
+`warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
+(A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
+Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = mfu.flops_per_token(model)
+* tokens/s / mfu.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
+matmul peak on a CPU (so CPU MFU is relative to what torch's matmul reaches there).
+Peak memory (CUDA only): max_memory_allocated during one step above what was allocated before it,
+i.e. activations, gradients and temporaries, not the weights or optimizer state already resident.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal, Optional
+
+import torch
+
+import train as train_mod
+from attention import BACKENDS, check_backend
+from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
+                             resolve_device, set_threads, split_list, summary, sync, timed, write_json)
+from configurator import ConfigError, load_config
+from mfu import flops_per_token, peak_flops
+from model import GPT, GPTConfig
+
+AXES = ("compile", "dtype", "attention")
+
+
+@dataclass
+class TrainBench:
+    config: str = ""  # a TOML of train.py settings (configs/...); "": train.TrainConfig's defaults (the CPU model)
+    n_layer: Optional[int] = None  # model and batch shape; none: from the config
+    n_head: Optional[int] = None
+    n_embd: Optional[int] = None
+    block_size: Optional[int] = None
+    batch_size: Optional[int] = None
+    grad_accum: int = 1  # micro-batches per optimizer step (the config's gradient_accumulation_steps is ignored)
+    variants: str = "auto"  # axes compared, from compile,dtype,attention; auto: dtype,attention on CPU, all three on CUDA; none: the base only
+    attentions: str = "manual,sdpa,flash"  # the attention axis' values
+    dtypes: str = "float32,bfloat16"  # the dtype axis' values
+    compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
+    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = None  # base value; none: the config's
+    attention: Optional[Literal["manual", "sdpa", "flash", "fa2", "fa3"]] = None  # base value; none: the config's
+    vocab_size: int = 0  # 0: the config's data_dir meta.json if it exists, else GPT-2's 50257
+    device: str = "auto"
+    warmup: int = 3  # untimed steps per variant, after compilation
+    repeats: int = 10  # interleaved timed rounds; the median is reported
+    steps_per_sample: int = 1  # optimizer steps per timing sample
+    threads: int = 0  # torch threads; 0: torch's default
+    seed: int = 1337
+    out: str = ""  # JSON path; "": bench/results/train-<device>.json
+
+    def __post_init__(self):
+        for name in ("grad_accum", "repeats", "steps_per_sample"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def parse_args(argv):
+    """A bare path (python bench/train.py configs/x.toml) means --config=path."""
+    files = [a for a in argv if not a.startswith("--")]
+    if len(files) > 1:
+        fail(f"give at most one train.py config file, got {', '.join(files)}")
+    flags = [a for a in argv if a.startswith("--")] + [f"--config={f}" for f in files]
+    return parse(TrainBench, flags)
+
+
+def train_config(cfg):
+    """train.TrainConfig from the TOML plus this script's shape flags (train.py's own checks apply)."""
+    argv = [cfg.config] if cfg.config else []
+    argv += [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
+             if getattr(cfg, k) is not None]
+    try:
+        return load_config(train_mod.TrainConfig, argv)
+    except ConfigError as e:
+        fail(e)
+
+
+def vocab_size(cfg, tcfg):
+    if cfg.vocab_size:
+        return cfg.vocab_size, "--vocab_size"
+    meta = os.path.join(tcfg.data_dir if os.path.isabs(tcfg.data_dir) else os.path.join(ROOT, tcfg.data_dir), "meta.json")
+    if os.path.exists(meta):
+        with open(meta) as f:
+            return json.load(f)["vocab_size"], meta
+    return 50257, "GPT-2 (no meta.json in the config's data_dir)"
+
+
+def variant_list(cfg, tcfg, device_type):
+    if cfg.variants == "auto":
+        axes = ["dtype", "attention"] if device_type != "cuda" else list(AXES)
+    elif cfg.variants == "none":
+        axes = []
+    else:
+        axes = split_list(cfg.variants, "variants", allowed=AXES)
+    base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
+            "dtype": cfg.dtype or tcfg.dtype,
+            "attention": cfg.attention or tcfg.attention}
+    if base["dtype"] == "auto":
+        base["dtype"] = str(train_mod.pick_dtype("auto", device_type)).removeprefix("torch.")
+    values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
+              "dtype": split_list(cfg.dtypes, "dtypes", allowed=("auto", "float32", "bfloat16", "float16"))
+              if "dtype" in axes else [base["dtype"]],
+              "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
+              if "attention" in axes else [base["attention"]]}
+    return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
+
+
+def variant_name(v, axes):
+    parts = {"compile": "compiled" if v["compile"] else "eager", "dtype": v["dtype"], "attention": v["attention"]}
+    return " ".join(parts[a] for a in (axes or AXES))
+
+
+class Variant:
+    """One model + optimizer + step function."""
+
+    def __init__(self, spec, tcfg, vocab, device, batches, seed):
+        self.spec, self.device = spec, device
+        device_type = device.split(":")[0]
+        self.dtype = train_mod.pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
+        check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
+        torch.manual_seed(seed)  # the same initial weights for every variant
+        args = train_mod.model_args(tcfg, vocab_size=vocab)
+        args["attention"] = spec["attention"]
+        self.raw = GPT(GPTConfig(**args)).to(device)
+        if hasattr(train_mod, "build_optimizers"):
+            self.optimizers = train_mod.build_optimizers(self.raw, tcfg, device_type)
+        else:  # older train.py
+            self.optimizers = [self.raw.configure_optimizers(tcfg.weight_decay, tcfg.learning_rate,
+                                                             (tcfg.beta1, tcfg.beta2), device_type)]
+        self.model = torch.compile(self.raw) if spec["compile"] else self.raw
+        self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)
+        self.grad_clip, self.batches, self.next = tcfg.grad_clip, batches, 0
+
+    def step(self, micro_steps):
+        for _ in range(micro_steps):
+            x, y = self.batches[self.next % len(self.batches)]
+            self.next += 1
+            with self.autocast:
+                loss = self.model(x, y)[1] / micro_steps
+            self.scaler.scale(loss).backward()
+        if self.grad_clip > 0:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
+        for opt in self.optimizers:
+            self.scaler.step(opt)
+            opt.zero_grad(set_to_none=True)
+        self.scaler.update()
+        return loss
+
+
+def main(cfg):
+    device = resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    set_threads(cfg.threads)
+    tcfg = train_config(cfg)
+    vocab, vocab_from = vocab_size(cfg, tcfg)
+    axes, specs = variant_list(cfg, tcfg, device_type)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py does
+        torch.backends.cudnn.allow_tf32 = True
+    if any(s["compile"] for s in specs):  # every compiled model is one more cache entry for GPT.forward
+        import torch._dynamo.config as dynamo_config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
+    info = machine_info(device)
+    print_machine(info)
+    B, T = tcfg.batch_size, tcfg.block_size
+    tokens_per_step = B * T * cfg.grad_accum
+    print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
+          f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
+          f"{cfg.config or 'TrainConfig defaults'}")
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    batches = []
+    for _ in range(max(2, cfg.grad_accum)):
+        data = torch.randint(vocab, (B, T + 1), generator=g)
+        batches.append((data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)))
+
+    variants, rows = [], []
+    for spec in specs:
+        rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
+        rows.append(rec)
+        try:
+            v = Variant(spec, tcfg, vocab, device, batches, cfg.seed)
+        except ValueError as e:
+            rec.update(status="unsupported", message=str(e))
+            continue
+        try:
+            rec["first_step_seconds"] = timed(lambda: v.step(cfg.grad_accum), device)  # compile happens here
+            for _ in range(cfg.warmup):
+                v.step(cfg.grad_accum)
+            loss = v.step(cfg.grad_accum)
+            rec["loss_after_warmup"] = loss.item() * cfg.grad_accum
+            if device_type == "cuda":
+                sync(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                before = torch.cuda.memory_allocated(device)
+                v.step(cfg.grad_accum)
+                sync(device)
+                rec["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
+        except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
+            rec.update(status="failed", message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        if rec["status"] == "failed":  # outside the except: its traceback no longer pins the tensors
+            v = None
+            if device_type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        if spec["compile"]:
+            rec["compile_seconds"] = rec["first_step_seconds"]
+        rec["num_params"] = v.raw.num_params()
+        rec["flops_per_token"] = flops_per_token(v.raw.config, v.raw.num_params())
+        rec["peak_flops"], rec["peak_source"] = peak_flops(device_type, v.dtype)
+        variants.append((v, rec))
+        print(f"ready: {rec['name']} (first step {rec['first_step_seconds']:.2f} s"
+              f"{', compile included' if spec['compile'] else ''}; loss {rec['loss_after_warmup']:.3f})", flush=True)
+
+    samples = {id(rec): [] for _, rec in variants}
+    for r in range(cfg.repeats):
+        for v, rec in variants:
+            if rec["status"] != "ok":
+                continue
+            try:
+                samples[id(rec)].append(timed(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.steps_per_sample)],
+                                              device) / cfg.steps_per_sample)
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory with the other variants resident
+                rec.update(status="failed", message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+    variants = [(v, rec) for v, rec in variants if rec["status"] == "ok"]
+    for v, rec in variants:
+        rec["step_time"] = summary(samples[id(rec)])
+        sec = rec["step_time"]["median"]
+        rec["tokens_per_s"] = tokens_per_step / sec
+        rec["mfu"] = rec["flops_per_token"] * rec["tokens_per_s"] / rec["peak_flops"] if rec["peak_flops"] else None
+
+    base = next((rec for rec in rows if rec.get("tokens_per_s")), None)
+    headers = ["variant", "ms/step", "min-max ms", "tokens/s", "MFU", "vs first", "compile s", "peak MiB"]
+    table = []
+    for rec in rows:
+        if not rec.get("tokens_per_s"):
+            table.append([rec["name"], rec["status"], "", "", "", "", "", ""])
+            continue
+        t = rec["step_time"]
+        table.append([rec["name"], fmt(t["median"] * 1e3, ".1f"), f"{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}",
+                      f"{rec['tokens_per_s']:,.0f}", fmt(rec["mfu"] and rec["mfu"] * 100, ".1f") + ("%" if rec["mfu"] else ""),
+                      f"{rec['tokens_per_s'] / base['tokens_per_s']:.2f}x", fmt(rec.get("compile_seconds"), ".1f"),
+                      fmt(rec.get("peak_step_bytes") and rec["peak_step_bytes"] / 2**20, ".0f")])
+    print()
+    print(md_table(headers, table))
+    print(f"(median of {cfg.repeats} interleaved samples of {cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
+          f"steps; 'vs first' = tokens/s over the first variant's; MFU against "
+          f"{'; '.join(sorted({r['peak_source'] for r in rows if r.get('peak_source')}))})")
+    for rec in rows:
+        if rec.get("message"):
+            print(f"  note: {rec['name']}: {rec['status']}: {rec['message']}")
+    out = cfg.out or default_out("train", device)
+    write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
+                     "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})
+
+
+if __name__ == "__main__":
+    main(parse_args(sys.argv[1:]))
