@@ -103,3 +103,11 @@ def load_config(cls, argv):
         return cls(**values)
     except ValueError as e:  # the dataclass's own range checks
         raise ConfigError(str(e)) from None
+
+
+def config_from_argv(cls):
+    """The config a script was started with (sys.argv), or exit with one line saying what is wrong."""
+    try:
+        return load_config(cls, sys.argv[1:])
+    except ConfigError as e:
+        fail(e)

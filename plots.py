@@ -38,7 +38,7 @@ def plot_attention(weights, labels, png_path, layer=0, head=0):
     for i in range(n_layer):
         for j in range(n_head):
             ax = fig.add_subplot(grid[i, j])
-            ax.imshow(weights[i][j].float().cpu(), cmap="viridis", vmin=0, vmax=1)
+            ax.imshow(weights[i][j].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
@@ -46,7 +46,7 @@ def plot_attention(weights, labels, png_path, layer=0, head=0):
             if j == 0:
                 ax.set_ylabel(f"layer {i}", fontsize=8)
     ax = fig.add_subplot(grid[:, n_head:])
-    image = ax.imshow(weights[layer][head].float().cpu(), cmap="viridis", vmin=0, vmax=1)
+    image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
     shown = [repr(t)[1:-1] for t in labels]  # make newlines and spaces visible
     ax.set_xticks(range(len(shown)), shown, rotation=90, fontsize=7)
     ax.set_yticks(range(len(shown)), shown, fontsize=7)

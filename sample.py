@@ -13,7 +13,7 @@ from typing import Literal, Optional
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint
-from configurator import ConfigError, fail, load_config
+from configurator import config_from_argv, fail
 from model import GPT, GPTConfig
 from plots import plot_attention
 from tokenizer import GPT2Tokenizer, tokenizer_from_meta
@@ -89,7 +89,7 @@ def draw_attention(model, tokenizer, ids, cfg):
 def main(cfg):
     try:
         device = pick_device(cfg.device)
-        dtype = pick_dtype(cfg.dtype, device.split(":")[0])
+        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
         model, tokenizer = load_model(cfg)
         prompt = cfg.start
         if prompt.startswith("FILE:"):
@@ -125,8 +125,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    try:
-        config = load_config(SampleConfig, sys.argv[1:])
-    except ConfigError as e:
-        fail(e)
-    main(config)
+    main(config_from_argv(SampleConfig))

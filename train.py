@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 
 from attention import check_backend
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
-from configurator import ConfigError, fail, load_config
+from configurator import config_from_argv, fail
 from mfu import flops_per_token, peak_flops
 from model import GPT, GPTConfig
 from plots import plot_losses
@@ -114,11 +114,13 @@ def pick_device(name):
     return name
 
 
-def pick_dtype(name, device_type):
+def pick_dtype(name, device_type, training=True):
+    """auto: bf16 on GPUs that have it (else fp16); on CPUs with bf16 instructions bf16 for training,
+    fp32 for sampling one sequence, whose matrices are too small for bf16 to pay."""
     if name == "auto":
         if device_type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if device_type == "cpu" and cpu_has_bf16() else torch.float32
+        return torch.bfloat16 if device_type == "cpu" and training and cpu_has_bf16() else torch.float32
     dtype = getattr(torch, name)
     if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
@@ -495,9 +497,5 @@ def shut_down_distributed():
 
 
 if __name__ == "__main__":
-    try:
-        config = load_config(TrainConfig, sys.argv[1:])
-    except ConfigError as e:
-        fail(e)
-    main(config)
+    main(config_from_argv(TrainConfig))
     shut_down_distributed()

@@ -15,6 +15,7 @@ import time
 import torch
 
 from configurator import ConfigError, fail, load_config
+from mfu import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -66,17 +67,6 @@ def set_threads(n):
         torch.set_num_threads(n)
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def git_commit():
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -93,8 +83,8 @@ def machine_info(device):
     kind = device_slug(device)
     info = {
         "device": device,
-        "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_model(),
-        "cpu": cpu_model(),
+        "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -6,11 +6,22 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny tensors gain nothing from threads, and on a shared 2-core machine OpenMP threads that
+    spin-wait for a busy core make the tests many times slower. Restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 # ---- running the scripts as processes, cheaply ---------------------------------------------------

@@ -20,16 +20,6 @@ HS = C // NH
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine OpenMP threads that
-    spin-wait for a busy core make these tests many times slower. Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_mha(backend, seed=0, causal=True, bias=True):
     """A small attention layer in eval mode; the same seed gives the same weights on every backend."""
     torch.manual_seed(seed)

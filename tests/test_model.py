@@ -15,16 +15,6 @@ CPU_BACKENDS = ["manual", "sdpa", "flash"]
 B = 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine OpenMP threads that
-    spin-wait for a busy core make these tests many times slower. Restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def randomize_(model, std=0.2, seed=1):
     """Weights well away from GPT-2's tiny init, so attention is far from uniform, logits are far
     apart, and every mistake shows up as a large difference."""

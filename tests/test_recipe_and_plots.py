@@ -1,0 +1,102 @@
+"""The options behind the CPU recipe (Muon, the time-driven schedule) and the pictures: loss curves
+from train.py and attention maps from sample.py, checked for size and content, not pixels."""
+import json
+import math
+import os
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from plots import plot_attention, plot_losses
+from prepare import prepare_char
+from train import TrainConfig, build_optimizers, learning_rate
+
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 30
+TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
+        "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--log_interval=1"]
+
+
+def assert_picture(path, min_size):
+    """A PNG of at least min_size (width, height) pixels that is not one flat colour."""
+    image = matplotlib.image.imread(path)
+    height, width = image.shape[:2]
+    assert width >= min_size[0] and height >= min_size[1], (width, height)
+    assert image[..., :3].std() > 0.05, "the picture is blank"
+
+
+def test_time_driven_schedule_ends_fully_decayed():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10)
+    assert learning_rate(cfg, 0, 0.0) == pytest.approx(1e-3 / 11)  # warming up
+    assert learning_rate(cfg, 10, 0.0) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 500, 0.5) == pytest.approx(5.5e-4)
+    assert learning_rate(cfg, 900, 1.0) == pytest.approx(1e-4)
+    assert learning_rate(cfg, 999, 1.7) == pytest.approx(1e-4)  # past the budget: stays at min_lr
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    adamw, muon = build_optimizers(model, TrainConfig(optimizer="muon"), "cpu")
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    in_adamw = {id(p) for g in adamw.param_groups for p in g["params"]}
+    blocks_2d = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
+    assert in_muon == blocks_2d
+    assert not in_muon & in_adamw and in_muon | in_adamw == {id(p) for p in model.parameters()}
+    assert id(model.transformer.wte.weight) in in_adamw  # embeddings (tied to the head) stay with AdamW
+    for optimizer in (adamw, muon):
+        assert all(g["initial_lr"] == g["lr"] for g in optimizer.param_groups)
+
+
+def test_time_limited_run_stops_on_time_decayed_and_draws_its_loss_curve(tmp_path, launch):
+    data, out = tmp_path / "data", tmp_path / "out"
+    prepare_char(TEXT, str(data))
+    proc = launch("train.py", *TINY, f"--data_dir={data}", f"--out_dir={out}", "--max_seconds=3",
+                  "--max_iters=1000000", "--eval_interval=50", "--learning_rate=1e-3", "--min_lr=1e-4")
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    steps = [r for r in records if "loss" in r]
+    assert steps[-1]["seconds"] <= 3.5 and steps[-1]["iter"] > 10
+    assert steps[-1]["lr"] < 1e-4 + 0.1 * (1e-3 - 1e-4), "a time-limited run ends with the schedule decayed"
+    assert any("val_loss" in r for r in records)
+    assert_picture(out / "loss.png", (800, 300))
+
+
+def test_plot_losses_draws_both_axes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as f:
+        for i in range(1, 101):
+            f.write(json.dumps({"iter": i, "loss": 4 * math.exp(-i / 30) + 1, "seconds": i / 10}) + "\n")
+            if i % 25 == 0:
+                f.write(json.dumps({"iter": i, "train_loss": 4 * math.exp(-i / 30) + 1,
+                                    "val_loss": 4 * math.exp(-i / 30) + 1.2, "seconds": i / 10}) + "\n")
+    plot_losses(str(path), str(tmp_path / "loss.png"))
+    assert_picture(tmp_path / "loss.png", (1000, 350))
+
+
+def test_plot_attention_shows_the_causal_triangle(tmp_path):
+    torch.manual_seed(0)
+    T = 12
+    scores = torch.randn(2, 3, T, T).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    weights = list(scores.softmax(-1))  # 2 layers of (3 heads, T, T)
+    plot_attention(weights, list("ROMEO:\nBut s"), str(tmp_path / "attn.png"), layer=1, head=2)
+    assert_picture(tmp_path / "attn.png", (1000, 500))
+
+
+def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
+    data, out = tmp_path / "data", tmp_path / "out"
+    prepare_char(TEXT, str(data))
+    trained = launch("train.py", *TINY, "--max_seconds=0", f"--data_dir={data}", f"--out_dir={out}",
+                     "--max_iters=4", "--eval_interval=4")
+    assert trained.returncode == 0, trained.stderr
+    png = tmp_path / "attn.png"
+    proc = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:\nBut soft", f"--attention_map={png}",
+                  "--attention_layer=1", "--attention_head=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 layers x 2 heads over 15 tokens" in proc.stdout
+    assert_picture(png, (1000, 500))
+    bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
+    assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
