@@ -38,8 +38,9 @@ class GPTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head} "
-                             f"(e.g. n_embd={self.n_head * max(1, round(self.n_embd / self.n_head))})")
+            fits = [h for h in range(1, 33) if self.n_embd % h == 0]
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}; with this n_embd, "
+                             f"n_head can be one of {', '.join(map(str, fits))}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.attention not in BACKENDS:

@@ -47,7 +47,7 @@ def plot_attention(weights, labels, png_path, layer=0, head=0):
                 ax.set_ylabel(f"layer {i}", fontsize=8)
     ax = fig.add_subplot(grid[:, n_head:])
     image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
-    shown = [repr(t)[1:-1] for t in labels]  # make newlines and spaces visible
+    shown = [repr(t)[1:-1].replace(" ", "␣") for t in labels]  # make newlines and spaces visible
     ax.set_xticks(range(len(shown)), shown, rotation=90, fontsize=7)
     ax.set_yticks(range(len(shown)), shown, fontsize=7)
     ax.set_xlabel("key (attended to)")

@@ -92,7 +92,7 @@ def machine_info(device):
         "torch": torch.__version__,
         "cuda": torch.version.cuda if kind == "cuda" else None,
         "python": platform.python_version(),
-        "platform": platform.platform(),
+        "os": platform.system(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "git": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -144,9 +144,10 @@ def md_table(headers, rows):
 def write_json(path, obj):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
+    text = json.dumps(obj, indent=1, default=str)
+    text = text.replace(ROOT + os.sep, "")  # paths in the repository are kept relative to it
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.write("\n")
+        f.write(text + "\n")
     os.replace(tmp, path)
     path = os.path.abspath(path)
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")

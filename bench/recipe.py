@@ -208,10 +208,18 @@ def main(cfg):
         if r.get("error"):
             print(f"  note: {r['label']} seed {r['seed']}: {r['error']} (log: {r['out_dir']}/train.log)")
     out = cfg.out or default_out("recipe", device)
-    write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg), "work_dir": work,
+    write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg),
                      "eval": {"data_dir": data_dir, "block_size": block, "batch_size": cfg.eval_batch_size,
                               "batches": cfg.eval_batches, "seed": cfg.eval_seed},
-                     "runs": runs, "summary": summaries, "paired": paired})
+                     "runs": [without_paths(r) for r in runs], "summary": summaries, "paired": paired})
+
+
+def without_paths(run):
+    """A run's record for the JSON, without the temporary folders it used."""
+    run = {k: v for k, v in run.items() if k != "out_dir"}
+    if "train_config" in run:
+        run["train_config"] = {k: v for k, v in run["train_config"].items() if k != "out_dir"}
+    return run
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import itertools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
 
 import torch
@@ -41,7 +41,7 @@ from configurator import ConfigError, load_config
 from mfu import flops_per_token, peak_flops
 from model import GPT, GPTConfig
 
-AXES = ("compile", "dtype", "attention")
+AXES = ("compile", "dtype", "attention", "optimizer")
 
 
 @dataclass
@@ -53,12 +53,14 @@ class TrainBench:
     block_size: Optional[int] = None
     batch_size: Optional[int] = None
     grad_accum: int = 1  # micro-batches per optimizer step (the config's gradient_accumulation_steps is ignored)
-    variants: str = "auto"  # axes compared, from compile,dtype,attention; auto: dtype,attention on CPU, all three on CUDA; none: the base only
+    variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer; auto: dtype,attention on CPU, those and compile on CUDA; none: the base only
     attentions: str = "manual,sdpa,flash"  # the attention axis' values
     dtypes: str = "float32,bfloat16"  # the dtype axis' values
+    optimizers: str = "adamw,muon"  # the optimizer axis' values
     compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
     dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = None  # base value; none: the config's
     attention: Optional[Literal["manual", "sdpa", "flash", "fa2", "fa3"]] = None  # base value; none: the config's
+    optimizer: Optional[Literal["adamw", "muon"]] = None  # base value; none: the config's
     vocab_size: int = 0  # 0: the config's data_dir meta.json if it exists, else GPT-2's 50257
     device: str = "auto"
     warmup: int = 3  # untimed steps per variant, after compilation
@@ -115,19 +117,23 @@ def variant_list(cfg, tcfg, device_type):
         axes = split_list(cfg.variants, "variants", allowed=AXES)
     base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
             "dtype": cfg.dtype or tcfg.dtype,
-            "attention": cfg.attention or tcfg.attention}
+            "attention": cfg.attention or tcfg.attention,
+            "optimizer": cfg.optimizer or tcfg.optimizer}
     if base["dtype"] == "auto":
         base["dtype"] = str(train_mod.pick_dtype("auto", device_type)).removeprefix("torch.")
     values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
               "dtype": split_list(cfg.dtypes, "dtypes", allowed=("auto", "float32", "bfloat16", "float16"))
               if "dtype" in axes else [base["dtype"]],
               "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
-              if "attention" in axes else [base["attention"]]}
+              if "attention" in axes else [base["attention"]],
+              "optimizer": split_list(cfg.optimizers, "optimizers", allowed=("adamw", "muon"))
+              if "optimizer" in axes else [base["optimizer"]]}
     return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
 
 
 def variant_name(v, axes):
-    parts = {"compile": "compiled" if v["compile"] else "eager", "dtype": v["dtype"], "attention": v["attention"]}
+    parts = {"compile": "compiled" if v["compile"] else "eager", "dtype": v["dtype"], "attention": v["attention"],
+             "optimizer": v["optimizer"]}
     return " ".join(parts[a] for a in (axes or AXES))
 
 
@@ -143,11 +149,7 @@ class Variant:
         args = train_mod.model_args(tcfg, vocab_size=vocab)
         args["attention"] = spec["attention"]
         self.raw = GPT(GPTConfig(**args)).to(device)
-        if hasattr(train_mod, "build_optimizers"):
-            self.optimizers = train_mod.build_optimizers(self.raw, tcfg, device_type)
-        else:  # older train.py
-            self.optimizers = [self.raw.configure_optimizers(tcfg.weight_decay, tcfg.learning_rate,
-                                                             (tcfg.beta1, tcfg.beta2), device_type)]
+        self.optimizers = train_mod.build_optimizers(self.raw, replace(tcfg, optimizer=spec["optimizer"]), device_type)
         self.model = torch.compile(self.raw) if spec["compile"] else self.raw
         self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)
