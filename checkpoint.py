@@ -24,9 +24,12 @@ def save_checkpoint(state, path):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, RuntimeError):  # torch's zip writer reports a failed write (a full disk) this way
+            cause = e.__context__ if isinstance(e.__context__, OSError) else None
+            raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
         raise
     if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
         fd = os.open(directory, os.O_DIRECTORY)

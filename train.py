@@ -252,6 +252,9 @@ def main(cfg):
             if len(data) <= cfg.block_size:
                 raise ValueError(f"{cfg.data_dir}/{split}.bin has {len(data)} tokens, not more than "
                                  f"block_size={cfg.block_size}; use a smaller --block_size or more text")
+        if cfg.init_from not in ("scratch", "resume") and meta["tokenizer"] != "gpt2":
+            raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
+                             f"holds {meta['tokenizer']} tokens; prepare it with `python prepare.py --tokenizer gpt2 ...`")
         ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path) if cfg.init_from == "resume" else None
         if checkpoint is not None:
@@ -345,8 +348,9 @@ def main(cfg):
         raw_model.train()
         return out
 
-    def save(reason):
-        """Every rank takes part (FSDP gathers the shards); rank 0 writes."""
+    def save(reason, final=False):
+        """Every rank takes part (FSDP gathers the shards); rank 0 writes. A failed write (a full
+        disk, say) leaves the previous checkpoint as it was; training goes on unless it was the last."""
         model_state = get_model_state_dict(raw_model, options=state_options)
         optimizer_state = get_optimizer_state_dict(raw_model, optimizers, options=state_options)
         if master:
@@ -354,7 +358,15 @@ def main(cfg):
                      "model_config": asdict(raw_model.config), "config": asdict(cfg), "tokenizer": meta,
                      "iter_num": iter_num, "best_val_loss": best_val_loss, "trained_seconds": training_seconds(),
                      "rng": rng_state(batches)}
-            save_checkpoint(state, ckpt_path)
+            try:
+                save_checkpoint(state, ckpt_path)
+            except OSError as e:
+                kept = f"; {ckpt_path} still holds the previous checkpoint" if os.path.exists(ckpt_path) else ""
+                message = f"could not write {ckpt_path} at iteration {iter_num}: {e.strerror or e}{kept}"
+                if final:
+                    fail(message + "; free some space, or pick another --out_dir, and run again", status=1)
+                print(f"warning: {message}; training goes on and tries again at the next evaluation")
+                return
             print(f"saved {ckpt_path} ({reason})")
 
     # ---- logging ----
@@ -416,7 +428,7 @@ def main(cfg):
             result = estimate_loss()
             run_start += time.time() - eval_start  # evaluation is not training time
             best_val_loss = min(best_val_loss, result["val"])
-            save("evaluation")
+            save("evaluation", final=last)
             if master:
                 print(f"iter {iter_num}: train loss {result['train']:.4f}, val loss {result['val']:.4f}")
                 log({"iter": iter_num, "train_loss": result["train"], "val_loss": result["val"],
@@ -475,7 +487,7 @@ def main(cfg):
         if stop_signal:
             if master:
                 check_losses()
-            save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}")
+            save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}", final=True)
             if master:
                 print(f"resume with: python train.py {' '.join(sys.argv[1:])} --init_from=resume")
             shut_down_distributed()

@@ -339,6 +339,35 @@ def test_unwritable_out_dir_is_reported_before_training(tmp_path, data_dir, laun
     assert snapshot(tmp_path, data_dir) == before
 
 
+def test_full_disk_at_save_time_keeps_the_previous_checkpoint(tmp_path, data_dir):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: the 1 MiB write probe passes, the
+    ~20 MB checkpoint does not. Saving fails cleanly and the old checkpoint stays loadable."""
+    import resource
+    out = tmp_path / "out"
+    wide = [*TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", f"--data_dir={data_dir}", f"--out_dir={out}",
+            "--eval_interval=2", "--log_interval=1"]
+    first = subprocess.run([sys.executable, "train.py", *wide, "--max_iters=2"], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, describe(first)
+    before = (out / "ckpt.pt").read_bytes()
+    assert len(before) > 8 << 20
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    full = subprocess.run([sys.executable, "train.py", *wide, "--init_from=resume", "--max_iters=6"], cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert full.returncode == 1, describe(full)
+    assert "Traceback" not in full.stdout + full.stderr, describe(full)
+    assert full.stdout.count("warning: could not write") == 1  # the evaluation at iteration 4: training went on
+    assert re.search(r"^iter 6: loss", full.stdout, re.M), "training did not go on after the failed save"
+    line = single_error_line(full)  # the final save at iteration 6
+    assert "could not write" in line and "iteration 6" in line and "previous checkpoint" in line, line
+    assert (out / "ckpt.pt").read_bytes() == before
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
+    assert [name for name in os.listdir(out) if name.startswith(".ckpt.pt.tmp")] == []
+
+
 # ---- H. bad input: exit 2, one line, no traceback, nothing written -------------------------------
 
 @dataclass
@@ -417,6 +446,8 @@ CASES = [
     Case("resume-other-model-shape",
          lambda c: train_args(c, "--init_from=resume", "--n_embd=32", out=c.ckpt_with(lambda ck: None)),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "n_embd=16", "32"]),
+    Case("gpt2-weights-on-char-data", lambda c: train_args(c, "--init_from=gpt2"),
+         lambda c: ["init_from='gpt2'", "BPE", "char"]),
     Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
          lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
     Case("sample-shape-mismatch",
