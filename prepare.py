@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding
 
@@ -241,12 +242,6 @@ def _read_text_file(path):
 def _stream_tokens(docs, f, total=None, desc="tokenizing", batch_size=256):
     """Encode documents, joined by <|endoftext|>, appending uint16 ids to the open file f.
     Empty documents are skipped. Returns the number of tokens written."""
-    try:
-        from tqdm.auto import tqdm  # installed with datasets
-    except ImportError:
-        def tqdm(it, **kwargs):
-            return it
-
     enc = gpt2_encoding()
     n_tokens = 0
     first = True

@@ -23,6 +23,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
+from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
@@ -337,7 +338,10 @@ def main(cfg):
         for split, data in (("train", train_data), ("val", val_data)):
             fixed = Batches(data, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=device)
             total = torch.zeros((), device=device)
-            for k, offsets in enumerate(fixed.offsets(cfg.eval_iters)):
+            # a bar only where someone watches: a terminal, and evaluations long enough to wait for
+            shown = tqdm(fixed.offsets(cfg.eval_iters), desc=f"eval {split}", leave=False, mininterval=1.0,
+                         disable=not (master and sys.stderr.isatty()))
+            for k, offsets in enumerate(shown):
                 if k % world_size == rank:
                     x, y = fixed.load(offsets)
                     with autocast:

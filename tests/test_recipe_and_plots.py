@@ -100,3 +100,26 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     assert_picture(png, (1000, 500))
     bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
     assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_zero_init_starts_every_block_as_the_identity():
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16, zero_init=True))
+    projections = [p for name, p in model.named_parameters() if name.endswith("c_proj.weight")]
+    assert len(projections) == 4 and all(torch.count_nonzero(p) == 0 for p in projections)
+    idx = torch.randint(0, 20, (2, 8))
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(8))
+    assert torch.allclose(model(idx)[0], model.lm_head(model.transformer.ln_f(x)), atol=1e-6)
+    default = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16))
+    assert all(torch.count_nonzero(p) > 0 for n, p in default.named_parameters() if n.endswith("c_proj.weight"))
+
+
+def test_attention_map_from_gpt2_weights(tmp_path, launch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64)).save_pretrained(tmp_path / "gpt2")
+    png = tmp_path / "attn.png"
+    proc = launch("sample.py", f"--init_from={tmp_path / 'gpt2'}", "--start=Hello world, said the model.",
+                  f"--attention_map={png}", "--device=cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 layers x 2 heads over 7 tokens" in proc.stdout  # GPT-2 BPE tokens, labelled one by one
+    assert_picture(png, (1000, 500))
