@@ -53,7 +53,7 @@ class TrainConfig:
     wandb_project: str = "gpt"
     wandb_run_name: str = "run"
     # data
-    batch_size: int = 12
+    batch_size: int = 32
     block_size: int = 64
     gradient_accumulation_steps: int = 1  # summed over all ranks
     # model (see model.GPTConfig)
