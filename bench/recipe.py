@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shlex
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -45,7 +46,7 @@ class RecipeBench:
     train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
     train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
     threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
-    work_dir: str = ""  # where the out_dirs go; "": /tmp/recipe-<time>
+    work_dir: str = ""  # where the out_dirs go; "": recipe-<time> in the temporary directory
     run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300
     eval_batches: int = 200  # fixed batches per split for the final evaluation
     eval_batch_size: int = 12
@@ -125,7 +126,7 @@ def main(cfg):
         fail("configs must have different file names (they label the runs)")
     seeds = split_list(cfg.seeds, "seeds", int)
     device = resolve_device(cfg.device)
-    work = cfg.work_dir or os.path.join("/tmp", f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
+    work = cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
     info = machine_info(device)
     print_machine(info)
     print(f"{len(configs)} configs x {len(seeds)} seeds, {cfg.max_seconds:g} s of training each, interleaved; "
