@@ -56,10 +56,10 @@ def causal_mask(n_query, n_key, device=None):
     return torch.ones(n_query, n_key, dtype=torch.bool, device=device).tril(diagonal=n_key - n_query)
 
 
-def flash_attn_package(backend, q):
+def flash_attn_package(backend, q, dropout_p):
     """The flash-attn function to call for these tensors, or None to use PyTorch's kernel."""
     on_hopper = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
-    if backend == "fa3" or (backend == "flash" and fa3_func is not None and on_hopper):
+    if backend == "fa3" or (backend == "flash" and fa3_func is not None and on_hopper and dropout_p == 0):
         return fa3_func if q.is_cuda and on_hopper else None
     if backend in ("fa2", "flash") and q.is_cuda and fa2_func is not None:
         return fa2_func
@@ -170,24 +170,16 @@ class MultiHeadAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q.device), dropout_p=dropout_p)
 
     def flash(self, q, k, v, causal, dropout_p):
-        fn = flash_attn_package(self.backend, q)
+        check_backend(self.backend, q.device.type, q.dtype, dropout_p)  # a clear error, not one from a kernel
+        fn = flash_attn_package(self.backend, q, dropout_p)
         if fn is not None:
-            if q.dtype not in (torch.float16, torch.bfloat16):
-                raise ValueError("the flash-attn package needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # flash-attn takes (B, T, nh, hs)
-            if fn is fa3_func:
-                if dropout_p > 0:
-                    raise ValueError("FlashAttention 3 has no dropout; set dropout=0 or use attention='fa2'")
+            if fn is fa3_func:  # FA3 has no dropout; check_backend made sure none is asked for
                 y = fn(qt, kt, vt, causal=causal)  # bottom-right aligned, as a KV cache needs
                 y = y[0] if isinstance(y, tuple) else y  # some FA3 builds also return the logsumexp
             else:
                 y = fn(qt, kt, vt, dropout_p=dropout_p, causal=causal)
             return y.transpose(1, 2)
-        if self.backend != "flash":
-            raise ValueError(f"attention={self.backend!r} cannot run here: it needs the flash-attn package and "
-                             "fp16/bf16 tensors on a CUDA GPU; use attention='flash' for PyTorch's kernel")
-        if dropout_p > 0 and not q.is_cuda:
-            raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
         B, nh, Tq, hs = q.shape
         Tk = k.size(2)
         pad = Tk - Tq if causal and 1 < Tq < Tk else 0

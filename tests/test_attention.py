@@ -339,7 +339,7 @@ def test_mha_constructor_rejects_bad_config():
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_flash_attn_package_backends_fail_clearly_on_cpu(backend):
     m = make_mha(backend)
-    with pytest.raises(ValueError, match=rf"attention='{backend}' cannot run here"):
+    with pytest.raises(ValueError, match=rf"attention='{backend}' needs the flash-attn package"):
         m(rand(B, 4, C))
 
 
