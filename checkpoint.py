@@ -12,6 +12,8 @@ import zipfile
 
 import torch
 
+from model import GPT, GPTConfig
+
 
 def save_checkpoint(state, path):
     directory = os.path.dirname(os.path.abspath(path))
@@ -63,3 +65,15 @@ def clean_state_dict(state_dict):
             key = key.split(".", 1)[1]
         cleaned[key] = value
     return cleaned
+
+
+def model_from_checkpoint(checkpoint, path, **overrides):
+    """The GPT a loaded checkpoint holds, with `overrides` of settings that leave the weights as they
+    are (attention backend, dropout); ValueError naming `path` if it does not fit this code's model."""
+    try:
+        model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
+        model.load_state_dict(clean_state_dict(checkpoint["model"]))
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{path} does not match this code's model (an incompatible config): "
+                         f"{str(e).splitlines()[0]}") from None
+    return model

@@ -130,9 +130,10 @@ class GPT(nn.Module):
     def new_kv_cache(self):
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
 
-    def forward(self, idx, targets=None, kv_cache=None, need_weights=False):
+    def forward(self, idx, targets=None, kv_cache=None, need_weights=False, last_only=False):
         """idx: (B, T) token ids, after the kv_cache's positions if one is given. Returns (logits, loss),
-        logits (B, T, vocab); with need_weights=True, (logits, loss, [per-layer (B, nh, T, T_all)])."""
+        logits (B, T, vocab), or (B, 1, vocab) with last_only=True; with need_weights=True,
+        (logits, loss, [per-layer (B, nh, T, T_all)])."""
         B, T = idx.shape
         start = kv_cache[0].pos if kv_cache else 0
         if start + T > self.config.block_size:
@@ -148,6 +149,8 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x, weights = block(x, kv_cache[i] if kv_cache else None, need_weights, rotary)
             all_weights.append(weights)
+        if last_only:  # sampling reads only the newest position: skip the vocabulary matmul for the others
+            x = x[:, -1:]
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -178,12 +181,12 @@ class GPT(nn.Module):
                 start = idx.size(1) - max(1, block_size // 2)
                 cache = None
             if not use_kv_cache:
-                logits, _ = self(idx[:, start:])
+                logits, _ = self(idx[:, start:], last_only=True)
             elif cache is None:  # fill the cache with the whole window
                 cache = self.new_kv_cache()
-                logits, _ = self(idx[:, start:], kv_cache=cache)
+                logits, _ = self(idx[:, start:], kv_cache=cache, last_only=True)
             else:  # only the newest token goes through the model
-                logits, _ = self(idx[:, -1:], kv_cache=cache)
+                logits, _ = self(idx[:, -1:], kv_cache=cache, last_only=True)
             next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
             idx = torch.cat((idx, next_token), dim=1)
             yield next_token
@@ -197,7 +200,12 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, **overrides):
         """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
-        or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...)."""
+        or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...).
+        `overrides` may set what leaves the weights' meaning as it is: dropout, attention."""
+        fixed = sorted(set(overrides) - {"dropout", "attention"})
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot be overridden: GPT-2's weights fix them (only dropout "
+                             "and attention can be); for a shorter context call crop_block_size() after loading")
         directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
         if not os.path.isfile(os.path.join(directory, "config.json")):
             raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json "

@@ -12,9 +12,9 @@ from typing import Literal, Optional
 
 import torch
 
-from checkpoint import clean_state_dict, load_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
-from model import GPT, GPTConfig
+from model import GPT
 from plots import plot_attention
 from tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from train import pick_device, pick_dtype
@@ -59,13 +59,12 @@ def load_model(cfg):
         return GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     checkpoint = load_checkpoint(path)
+    model = model_from_checkpoint(checkpoint, path, **overrides)
     try:
-        model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
-        model.load_state_dict(clean_state_dict(checkpoint["model"]))
         tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
-    except (KeyError, TypeError, RuntimeError) as e:
-        detail = str(e).splitlines()[0]
-        raise ValueError(f"{path} does not match this code's model (an incompatible config): {detail}") from None
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path} does not match this code's model (an incompatible config): no tokenizer "
+                         f"({type(e).__name__}: {e})") from None
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"{path}: its tokenizer has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.config.vocab_size}; the checkpoint is inconsistent")

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from configurator import config_from_argv, fail
 from mfu import flops_per_token, peak_flops
 from model import GPT, GPTConfig
@@ -36,8 +36,8 @@ from prepare import load_meta, open_split, prepare_shakespeare_char
 DEFAULT_DATA_DIR = "data/shakespeare_char"
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 SCHEDULE_KEYS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
-# must match to resume: they decide which weights exist and their shapes
-SHAPE_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "bias", "pos_embedding", "norm", "qk_norm")
+# decide which weights exist and their shapes: a resumed run must ask for what the first run asked for
+SHAPE_KEYS = ("block_size", "n_layer", "n_head", "n_embd", "bias", "pos_embedding", "norm", "qk_norm")
 
 
 @dataclass
@@ -258,9 +258,13 @@ def main(cfg):
                              f"holds {meta['tokenizer']} tokens; prepare it with `python prepare.py --tokenizer gpt2 ...`")
         ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
         checkpoint = load_checkpoint(ckpt_path) if cfg.init_from == "resume" else None
-        if checkpoint is not None:
-            saved, wanted = checkpoint["model_config"], model_args(cfg, vocab_size=meta["vocab_size"])
-            differ = [f"{k}={saved[k]} (now {wanted[k]})" for k in SHAPE_KEYS if saved[k] != wanted[k]]
+        if checkpoint is not None:  # compared with the first run's settings: with init_from=gpt2 the
+            # weights decided the model's shape, so a resume with the same command line is the same model
+            saved = checkpoint["config"]
+            differ = [f"{k}={saved.get(k)} (now {getattr(cfg, k)})" for k in SHAPE_KEYS if saved.get(k) != getattr(cfg, k)]
+            if checkpoint["model_config"]["vocab_size"] != meta["vocab_size"]:
+                differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens "
+                              f"(now {meta['vocab_size']})")
             if differ:
                 raise ValueError(f"{ckpt_path} was trained with {', '.join(differ)}; resume with the same "
                                  "model settings and data")
@@ -283,17 +287,23 @@ def main(cfg):
         torch.backends.cudnn.allow_tf32 = True
 
     # ---- model and optimizer ----
-    if cfg.init_from in ("scratch", "resume"):
-        model = GPT(GPTConfig(**model_args(cfg, vocab_size=meta["vocab_size"])))
-    else:
-        try:
+    try:
+        if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
+            model = model_from_checkpoint(checkpoint, ckpt_path, dropout=cfg.dropout, attention=cfg.attention)
+        elif cfg.init_from == "scratch":
+            model = GPT(GPTConfig(**model_args(cfg, vocab_size=meta["vocab_size"])))
+        else:
             model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout, attention=cfg.attention)
-        except ValueError as e:
-            fail(e)
-        model.crop_block_size(cfg.block_size)
+            model.crop_block_size(cfg.block_size)
+            ignored = [f"{k}={getattr(cfg, k)}" for k in SHAPE_KEYS if getattr(cfg, k) != getattr(model.config, k)]
+            if ignored and master:
+                c = model.config
+                print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
+                      f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm}); "
+                      f"not used: {', '.join(ignored)}")
+    except ValueError as e:
+        fail(e)
     model.to(device)
-    if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
-        model.load_state_dict(clean_state_dict(checkpoint["model"]))
     fsdp = ddp and cfg.parallelism == "fsdp"
     if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
         for block in model.transformer.h:

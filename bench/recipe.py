@@ -32,8 +32,7 @@ import torch
 
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, split_list, write_json)
-from checkpoint import clean_state_dict, load_checkpoint
-from model import GPT, GPTConfig
+from checkpoint import load_checkpoint, model_from_checkpoint
 from prepare import open_split
 from train import Batches
 
@@ -170,8 +169,7 @@ def main(cfg):
     print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x {block} "
           f"tokens per split ({data_dir}, seed {cfg.eval_seed})")
     for rec, ckpt in models:
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(clean_state_dict(ckpt["model"]))
+        model = model_from_checkpoint(ckpt, rec["out_dir"])
         model.to(device).eval()
         rec["val_loss"] = mean_loss(model, val)
         rec["train_loss"] = mean_loss(model, train)

@@ -30,7 +30,7 @@ import torch
 
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, set_threads, summary, timed, write_json)
-from checkpoint import clean_state_dict, load_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 from model import GPT, GPTConfig
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default
@@ -73,11 +73,8 @@ def build_model(cfg, device):
     if cfg.out_dir:
         try:
             ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-            args = dict(ckpt["model_config"])
-            if cfg.attention:
-                args["attention"] = cfg.attention
-            model = GPT(GPTConfig(**args))
-            model.load_state_dict(clean_state_dict(ckpt["model"]))
+            model = model_from_checkpoint(ckpt, f"{cfg.out_dir}/ckpt.pt",
+                                          **({"attention": cfg.attention} if cfg.attention else {}))
             if cfg.block_size and cfg.block_size != model.config.block_size:
                 model.crop_block_size(cfg.block_size)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:

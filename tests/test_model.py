@@ -208,6 +208,14 @@ def test_cached_forward_matches_full_forward_position_by_position(backend):
             torch.testing.assert_close(logits, full[:, start:start + n], atol=1e-5, rtol=0)
             start += n
 
+        last, _ = model(idx, last_only=True)  # what sampling asks for: the newest position only
+        assert last.shape == (B, 1, full.size(-1))
+        torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
+        cache = model.new_kv_cache()
+        model(idx[:, :9], kv_cache=cache, last_only=True)
+        last, _ = model(idx[:, 9:], kv_cache=cache, last_only=True)
+        torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
+
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_forward_refuses_more_than_block_size(backend):
@@ -347,6 +355,13 @@ def test_from_pretrained_directory_without_weights_fails_clearly(tmp_path):
         dict(vocab_size=100, n_positions=64, n_layer=2, n_head=4, n_embd=32)))
     with pytest.raises(ValueError, match="neither model.safetensors nor pytorch_model.bin"):
         GPT.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("override", [{"n_layer": 1}, {"block_size": 32}, {"pos_embedding": "rope"}])
+def test_from_pretrained_refuses_overrides_that_change_the_weights(hf_gpt2, override):
+    directory, *_ = hf_gpt2
+    with pytest.raises(ValueError, match=f"{next(iter(override))} cannot be overridden.*crop_block_size"):
+        GPT.from_pretrained(directory, **override)
 
 
 def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):

@@ -164,6 +164,40 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     assert va == vb
 
 
+def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
+    """init_from=<a Hugging Face GPT-2 directory>: the model's shape comes from the weights, not from
+    the flags, and the run resumes from its checkpoint with the same command line."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from prepare import prepare_bpe
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=50257))
+    weights = tmp_path / "gpt2-tiny"
+    hf.save_pretrained(weights)
+    data, out = tmp_path / "bpe", tmp_path / "out"
+    prepare_bpe(str(data), texts=[TEXT])
+    common = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--block_size=16", "--batch_size=2",
+              "--eval_iters=2", "--warmup_iters=2", "--log_interval=1", f"--data_dir={data}", f"--out_dir={out}"]
+    first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
+    assert "shape comes from the weights" in first.stdout, first.stdout
+    ckpt = load(out / "ckpt.pt")
+    c = ckpt["model_config"]
+    assert (c["n_layer"], c["n_head"], c["n_embd"], c["block_size"], c["pos_embedding"]) == (1, 2, 16, 16, "learned")
+    sd = hf.state_dict()
+    assert torch.equal(ckpt["model"]["transformer.wte.weight"], sd["transformer.wte.weight"])
+    assert torch.equal(ckpt["model"]["transformer.wpe.weight"], sd["transformer.wpe.weight"][:16])  # cropped
+    assert torch.equal(ckpt["model"]["transformer.h.0.mlp.c_fc.weight"], sd["transformer.h.0.mlp.c_fc.weight"].t())
+
+    resumed = check_ok(launch("train.py", *common, f"--init_from={weights}", "--init_from=resume", "--max_iters=3"))
+    assert [int(m[0]) for m in LOG_LINE.findall(resumed.stdout)] == [1, 2, 3], resumed.stdout
+    assert load(out / "ckpt.pt")["iter_num"] == 3
+    changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=4")
+    assert changed.returncode == 2 and "n_embd=" in changed.stderr, changed.stderr
+    sample = check_ok(launch("sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=5", "--start=Speak"))
+    assert sample.stdout.startswith("Speak"), sample.stdout
+
+
 # ---- B. configuration -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
