@@ -213,7 +213,7 @@ def available_backends(cfg, device):
 def flash_kernel(device, dtype):
     """What backend='flash' resolves to here: the flash-attn package (fa2/fa3) or PyTorch's kernel."""
     q = torch.empty(1, 1, 1, 8, device=device, dtype=dtype)
-    fn = attn_mod.flash_attn_package("flash", q)
+    fn = attn_mod.flash_attn_package("flash", q, dropout_p=0.0)
     return "fa3" if fn is not None and fn is attn_mod.fa3_func else "fa2" if fn is not None else "pytorch"
 
 

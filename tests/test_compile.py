@@ -4,27 +4,36 @@ import torch
 
 from model import GPT, GPTConfig
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", ["manual", "sdpa"])
-def test_compiled_model_trains_like_eager(attention):
+@pytest.mark.parametrize("device,attention,dtype,tolerance", [
+    ("cpu", "manual", torch.float32, 1e-4),
+    ("cpu", "sdpa", torch.float32, 1e-4),
+    pytest.param("cuda", "sdpa", torch.float32, 1e-4, marks=needs_cuda),
+    pytest.param("cuda", "flash", torch.bfloat16, 2e-2, marks=needs_cuda),  # bf16 rounding, as in training
+])
+def test_compiled_model_trains_like_eager(device, attention, dtype, tolerance):
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32, attention=attention)
-    eager = GPT(config)
-    compiled = GPT(config)
+    eager = GPT(config).to(device)
+    compiled = GPT(config).to(device)
     compiled.load_state_dict(eager.state_dict())
     compiled = torch.compile(compiled)
-    x, y = torch.randint(0, 32, (2, 4, 16)), torch.randint(0, 32, (2, 4, 16))
+    x = torch.randint(0, 32, (2, 4, 16), device=device)
+    y = torch.randint(0, 32, (2, 4, 16), device=device)
     losses = {}
     for name, model in (("eager", eager), ("compiled", compiled)):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         losses[name] = []
         for step in range(2):
-            loss = model(x[step], y[step])[1]
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(x[step], y[step])[1]
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
             losses[name].append(loss.item())
     assert losses["eager"][1] != losses["eager"][0]  # the step did something
     for a, b in zip(losses["eager"], losses["compiled"]):
-        assert abs(a - b) < 1e-4, losses
+        assert abs(a - b) < tolerance, losses

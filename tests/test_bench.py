@@ -1,0 +1,74 @@
+"""The benchmark scripts run end to end at toy sizes and write the JSON the README's tables come
+from. Nothing here is timed: these only keep the scripts working as the code under them changes."""
+import json
+
+import pytest
+
+from prepare import prepare_char
+
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
+
+
+def run_bench(launch, script, out, *args):
+    proc = launch(script, "--device=cpu", f"--out={out}", *args)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_attention_bench_times_every_backend(launch, tmp_path):
+    result = run_bench(launch, "bench/attention.py", tmp_path / "a.json", "--seq_lens=32,64", "--n_embd=32",
+                       "--n_head=2", "--repeats=1", "--min_sample_s=0", "--dtype=bfloat16", "--memory=false")
+    assert result["flash_kernel"] == "pytorch"
+    assert set(result["results"]) == {"manual", "sdpa", "flash"}
+    for backend, by_t in result["results"].items():
+        assert set(by_t) == {"32", "64"}, backend
+        for t, point in by_t.items():
+            assert point["status"] == "ok" and point["time"]["median"] > 0, (backend, t)
+
+
+def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
+    """The child process the bench starts per (backend, T) to read the peak resident memory on CPU."""
+    peaks = {}
+    for backend in ("manual", "flash"):
+        proc = launch("bench/attention.py", f"--single={backend}:1024", "--device=cpu", "--n_embd=32", "--n_head=2")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+        assert result["status"] == "ok", result
+        peaks[backend] = result["peak_bytes"]
+    # manual holds two 2 x 1024 x 1024 fp32 score matrices (16 MiB); flash never makes them
+    assert peaks["manual"] > 8 * 2**20 and peaks["flash"] < peaks["manual"] / 4, peaks
+
+
+@pytest.mark.parametrize("variants,names", [
+    ("attention", {"manual", "sdpa", "flash"}),
+    ("optimizer", {"adamw", "muon"}),
+])
+def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
+    result = run_bench(launch, "bench/train.py", tmp_path / "t.json", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                       "--block_size=16", "--batch_size=2", "--vocab_size=64", "--repeats=1", "--warmup=0",
+                       f"--variants={variants}", "--dtype=float32")
+    rows = result["variants"]
+    assert {row["name"] for row in rows} == names
+    for row in rows:
+        assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["flops_per_token"] > 0, row
+
+
+def test_sample_bench_compares_cache_and_no_cache(launch, tmp_path):
+    result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--n_layer=1", "--n_embd=32", "--n_head=2",
+                       "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2")
+    assert set(result["results"]) == {"kv_cache", "no_cache"}
+    assert result["speedup"] > 0 and result["greedy_identical"] is True
+
+
+def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path):
+    data = tmp_path / "data"
+    prepare_char(TEXT, str(data))
+    tiny = f"--data_dir={data} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--max_seconds=1", "--seeds=1",
+                       "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1", f"--train_args={tiny}",
+                       f"--work_dir={tmp_path / 'runs'}")
+    assert [run["returncode"] for run in result["runs"]] == [0, 0]
+    assert set(result["summary"]) == {"nanogpt_cpu_reference", "default"}
+    for label, summary in result["summary"].items():
+        assert summary["val_loss"]["n"] == 1 and 0 < summary["val_loss"]["mean"] < 10, label
