@@ -273,8 +273,6 @@ def main(cfg):
             if changed and master:
                 print(f"note: {', '.join(changed)} since the checkpoint; the learning-rate schedule follows "
                       "the new values, so this run will not match an uninterrupted one")
-        if master:
-            check_writable(cfg.out_dir)
     except (ValueError, OSError) as e:
         fail(e)
 
@@ -301,6 +299,8 @@ def main(cfg):
                 print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
                       f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm}); "
                       f"not used: {', '.join(ignored)}")
+        if master:  # the last check before training: nothing is written until every setting is known good
+            check_writable(cfg.out_dir)
     except ValueError as e:
         fail(e)
     model.to(device)

@@ -194,6 +194,9 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert load(out / "ckpt.pt")["iter_num"] == 3
     changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=4")
     assert changed.returncode == 2 and "n_embd=" in changed.stderr, changed.stderr
+    too_long = launch("train.py", *common, f"--init_from={weights}", "--block_size=80", f"--out_dir={tmp_path / 'x'}")
+    assert too_long.returncode == 2 and "block_size=80 is larger than the model's 64" in too_long.stderr, too_long.stderr
+    assert "Traceback" not in too_long.stderr and not (tmp_path / "x").exists()
     sample = check_ok(launch("sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=5", "--start=Speak"))
     assert sample.stdout.startswith("Speak"), sample.stdout
 
