@@ -187,7 +187,8 @@ def test_ddp_over_nccl_keeps_ranks_identical(data_dir, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            "tests/distributed_worker.py", *GPU_TINY, "--dtype=bfloat16", "--attention=flash",
            f"--gradient_accumulation_steps={2 * n}", "--max_iters=10", f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
-    env = {**os.environ, "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+           "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"{n} process(es) ddp" in proc.stdout and "max difference between ranks: 0.0" in proc.stdout

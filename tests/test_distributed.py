@@ -14,7 +14,9 @@ from prepare import prepare_char
 from train import Batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "WANDB_MODE": "disabled"}
+# the repository first, then whatever the caller had (packages installed outside site-packages)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+       "WANDB_MODE": "disabled"}
 TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
 TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=4", "--gradient_accumulation_steps=2", "--max_iters=4", "--eval_interval=4",
