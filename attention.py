@@ -81,6 +81,8 @@ def check_backend(backend, device_type, dtype, dropout):
             raise ValueError(f"attention={backend!r} needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
         if backend == "fa3" and dropout > 0:
             raise ValueError("attention='fa3' has no dropout; set dropout=0 or use attention='fa2'")
+        if backend == "fa3" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
+            raise ValueError("attention='fa3' needs a Hopper GPU (H100, H200); use attention='fa2' or 'flash' here")
     if backend == "flash" and device_type == "cpu" and dropout > 0:
         raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
     if backend == "flash" and device_type == "cuda" and dtype == torch.float32:
@@ -170,10 +172,11 @@ class MultiHeadAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(Tq, Tk, q.device), dropout_p=dropout_p)
 
     def flash(self, q, k, v, causal, dropout_p):
-        check_backend(self.backend, q.device.type, q.dtype, dropout_p)  # a clear error, not one from a kernel
+        # v has the dtype autocast gave the projections; a norm on q and k may have left them in fp32
+        check_backend(self.backend, q.device.type, v.dtype, dropout_p)  # a clear error, not one from a kernel
         fn = flash_attn_package(self.backend, q, dropout_p)
-        if fn is not None:
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # flash-attn takes (B, T, nh, hs)
+        if fn is not None:  # flash-attn takes (B, T, nh, hs), all in one dtype, and knows nothing of autocast
+            qt, kt, vt = (t.transpose(1, 2).to(v.dtype) for t in (q, k, v))
             if fn is fa3_func:  # FA3 has no dropout; check_backend made sure none is asked for
                 y = fn(qt, kt, vt, causal=causal)  # bottom-right aligned, as a KV cache needs
                 y = y[0] if isinstance(y, tuple) else y  # some FA3 builds also return the logsumexp

@@ -318,6 +318,19 @@ def test_check_backend_rejects_flash_attn_package_on_cpu(backend):
         check_backend(backend, "cpu", torch.bfloat16, 0.0)
 
 
+def test_check_backend_rejects_fa3_off_hopper(monkeypatch):
+    """As if the package were installed on a pre-Hopper GPU (an A100): FA3 kernels need sm90."""
+    import attention
+
+    monkeypatch.setattr(attention, "fa3_func", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="'fa3' needs a Hopper GPU.*'fa2'"):
+        check_backend("fa3", "cuda", torch.bfloat16, 0.0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_backend("fa3", "cuda", torch.bfloat16, 0.0)  # an H100 / H200
+
+
 def test_check_backend_rejects_flash_with_dropout_on_cpu():
     with pytest.raises(ValueError, match="dropout"):
         check_backend("flash", "cpu", torch.float32, 0.1)

@@ -127,6 +127,26 @@ def test_gpt_cached_logits_match_full_forward_in_low_precision(device, dtype, ba
     assert rel_error(torch.cat(steps, dim=1), full) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("device,dtype,backend", cases())
+@pytest.mark.parametrize("variant", [{}, {"qk_norm": True, "norm": "rmsnorm"}], ids=["gpt2", "qknorm"])
+def test_gpt_under_autocast_matches_fp32_loss_and_gradients(device, dtype, backend, variant):
+    """As train.py runs it: fp32 weights, autocast picks each op's precision (norms may stay fp32)."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=64, pos_embedding="rope", **variant)
+    reference = GPT(config).to(device)
+    low = GPT(GPTConfig(**{**config.__dict__, "attention": backend})).to(device)
+    low.load_state_dict(reference.state_dict())
+    idx = torch.randint(0, 50, (2, 32), device=device)
+    loss_ref = reference(idx, idx)[1]
+    with torch.autocast(device, dtype=dtype):
+        loss_low = low(idx, idx)[1]
+    assert abs(loss_low.item() - loss_ref.item()) < TOLERANCE[dtype] / 10 * loss_ref.item()  # a mean over 64 tokens
+    loss_ref.backward()
+    loss_low.backward()
+    for (name, p_ref), p_low in zip(reference.named_parameters(), low.parameters()):
+        assert rel_error(p_low.grad, p_ref.grad) < 2 * TOLERANCE[dtype], name
+
+
 # --------------------------------------------------------------------------- the scripts on a GPU
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40

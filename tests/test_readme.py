@@ -4,8 +4,8 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what each linked line must hold
-EXPECTED = {35: "def manual_attention", 53: "def causal_mask", 129: "def forward", 134: "self.c_attn(x)",
-            141: "view(B, t.size(1), self.n_head, hs)", 160: "transpose(1, 2).contiguous()"}
+EXPECTED = {35: "def manual_attention", 53: "def causal_mask", 131: "def forward", 136: "self.c_attn(x)",
+            143: "view(B, t.size(1), self.n_head, hs)", 162: "transpose(1, 2).contiguous()"}
 
 
 def test_readme_line_links_into_attention_py_are_current():
