@@ -165,8 +165,9 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
 
 
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
-    """init_from=<a Hugging Face GPT-2 directory>: the model's shape comes from the weights, not from
-    the flags, and the run resumes from its checkpoint with the same command line."""
+    """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
+    model's shape comes from the weights, not from the flags, and the run resumes from its checkpoint
+    with the same command line."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from prepare import prepare_bpe
@@ -177,8 +178,9 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     hf.save_pretrained(weights)
     data, out = tmp_path / "bpe", tmp_path / "out"
     prepare_bpe(str(data), texts=[TEXT])
-    common = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--block_size=16", "--batch_size=2",
-              "--eval_iters=2", "--warmup_iters=2", "--log_interval=1", f"--data_dir={data}", f"--out_dir={out}"]
+    common = ["configs/finetune_gpt2_shakespeare.toml", "--device=cpu", "--dtype=float32", "--block_size=16",
+              "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=2", f"--data_dir={data}",
+              f"--out_dir={out}"]
     first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
     assert "shape comes from the weights" in first.stdout, first.stdout
     ckpt = load(out / "ckpt.pt")
