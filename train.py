@@ -46,6 +46,7 @@ class TrainConfig:
     out_dir: str = "out"
     data_dir: str = DEFAULT_DATA_DIR  # holds train.bin, val.bin, meta.json (see prepare.py)
     init_from: str = "scratch"  # "scratch", "resume" (from out_dir/ckpt.pt), or GPT-2: "gpt2", "gpt2-medium", a local HF dir
+    eval_only: bool = False  # print the train and val loss of the initial model (e.g. GPT-2 on your data), then stop
     eval_interval: int = 1000
     eval_iters: int = 200  # batches per evaluation; the same batches every time
     log_interval: int = 50
@@ -299,8 +300,8 @@ def main(cfg):
                 print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
                       f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm}); "
                       f"not used: {', '.join(ignored)}")
-        if master:  # the last check before training: nothing is written until every setting is known good
-            check_writable(cfg.out_dir)
+        if master and not cfg.eval_only:  # the last check before training: nothing is written until
+            check_writable(cfg.out_dir)  # every setting is known good
     except ValueError as e:
         fail(e)
     model.to(device)
@@ -382,6 +383,12 @@ def main(cfg):
                 print(f"warning: {message}; training goes on and tries again at the next evaluation")
                 return
             print(f"saved {ckpt_path} ({reason})")
+
+    if cfg.eval_only:  # writes nothing
+        result = estimate_loss()
+        if master:
+            print(f"iter {iter_num}: train loss {result['train']:.4f}, val loss {result['val']:.4f}")
+        return raw_model
 
     # ---- logging ----
     metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")

@@ -191,8 +191,16 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert torch.equal(ckpt["model"]["transformer.wpe.weight"], sd["transformer.wpe.weight"][:16])  # cropped
     assert torch.equal(ckpt["model"]["transformer.h.0.mlp.c_fc.weight"], sd["transformer.h.0.mlp.c_fc.weight"].t())
 
+    evaluation = re.compile(r"^iter \d+: train loss [0-9.]+, val loss [0-9.]+$", re.M)
+    scored = check_ok(launch("train.py", *common, f"--init_from={weights}", "--eval_only=true",
+                             f"--out_dir={tmp_path / 'eval'}"))
+    assert evaluation.findall(scored.stdout) == evaluation.findall(first.stdout)[:1], scored.stdout  # same batches
+    assert not (tmp_path / "eval").exists(), "eval_only writes nothing"
+
     resumed = check_ok(launch("train.py", *common, f"--init_from={weights}", "--init_from=resume", "--max_iters=3"))
     assert [int(m[0]) for m in LOG_LINE.findall(resumed.stdout)] == [1, 2, 3], resumed.stdout
+    rescored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true"))
+    assert evaluation.findall(rescored.stdout) == evaluation.findall(resumed.stdout)[-1:], rescored.stdout
     assert load(out / "ckpt.pt")["iter_num"] == 3
     changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=4")
     assert changed.returncode == 2 and "n_embd=" in changed.stderr, changed.stderr
