@@ -242,12 +242,13 @@ def main(cfg):
         if cfg.gradient_accumulation_steps % world_size:
             raise ValueError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a multiple "
                              f"of the number of processes ({world_size})")
-        if cfg.data_dir == DEFAULT_DATA_DIR and not os.path.exists(os.path.join(cfg.data_dir, "meta.json")) and master:
+        missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
+        if cfg.data_dir == DEFAULT_DATA_DIR and missing and local_rank == 0:  # on every machine that lacks it
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             prepare_shakespeare_char(cfg.data_dir)
         if ddp:
             torch.distributed.init_process_group("nccl" if device_type == "cuda" else "gloo")
-            torch.distributed.barrier()  # rank 0 may have prepared the data
+            torch.distributed.barrier()  # the first process of each machine may have prepared the data
         train_data, val_data = open_split(cfg.data_dir, "train"), open_split(cfg.data_dir, "val")
         meta = load_meta(cfg.data_dir)
         for split, data in (("train", train_data), ("val", val_data)):
