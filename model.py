@@ -135,6 +135,8 @@ class GPT(nn.Module):
         logits (B, T, vocab), or (B, 1, vocab) with last_only=True; with need_weights=True,
         (logits, loss, [per-layer (B, nh, T, T_all)])."""
         B, T = idx.shape
+        if last_only and targets is not None:
+            raise ValueError("last_only=True is for sampling; a loss needs the logits of every position")
         start = kv_cache[0].pos if kv_cache else 0
         if start + T > self.config.block_size:
             raise ValueError(f"{start + T} positions exceed block_size={self.config.block_size}; crop the context")

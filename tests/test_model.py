@@ -210,6 +210,8 @@ def test_cached_forward_matches_full_forward_position_by_position(backend):
 
         last, _ = model(idx, last_only=True)  # what sampling asks for: the newest position only
         assert last.shape == (B, 1, full.size(-1))
+        with pytest.raises(ValueError, match="last_only"):
+            model(idx, idx, last_only=True)
         torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=0)
         cache = model.new_kv_cache()
         model(idx[:, :9], kv_cache=cache, last_only=True)
