@@ -21,6 +21,7 @@ import torch
 
 from attention import KVCache, MultiHeadAttention, fa2_func, fa3_func
 from checkpoint import load_checkpoint
+from mfu import GPU_PEAKS
 from model import GPT, GPTConfig
 from prepare import prepare_char
 
@@ -177,7 +178,7 @@ def test_train_on_gpu_learns_and_samples_on_gpu_and_cpu(data_dir, tmp_path, laun
     assert len(logged) == 40, proc.stdout
     losses = [float(loss) for _, loss, _ in logged]
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
-    if any(fragment in torch.cuda.get_device_name() for fragment, _ in __import__("mfu").GPU_PEAKS):
+    if any(fragment in torch.cuda.get_device_name() for fragment, _ in GPU_PEAKS):
         assert all(mfu.endswith("%") for _, _, mfu in logged), "MFU against the GPU's datasheet peak"
     for device in ("cuda", "cpu"):  # a checkpoint written on the GPU samples on either
         sample = check_ok(launch("sample.py", f"--out_dir={tmp_path}", f"--device={device}", "--max_new_tokens=30",
