@@ -153,7 +153,7 @@ class MultiHeadAttention(nn.Module):
 
         weights = None
         if self.backend == "manual" or need_weights:
-            mask = causal_mask(Tq, Tk, q.device) if causal else None
+            mask = causal_mask(Tq, Tk, q.device) if causal and Tq > 1 else None  # one newest query sees all
             y, weights = manual_attention(q, k, v, mask, dropout_p)
         elif self.backend == "sdpa":
             y = self.sdpa(q, k, v, causal, dropout_p)

@@ -246,8 +246,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep tokens until top_p is reached
+        probs = sorted_logits.softmax(dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p  # keep tokens until top_p is reached
         drop[:, 0] = False  # the most likely token always stays
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
