@@ -1,5 +1,6 @@
 """Shared pytest setup: make the repository root importable (`import model`, `import attention`)
-however pytest is started. pytest.ini's `pythonpath = .` does the same when run from the root."""
+however pytest is started (pytest.ini's `pythonpath = .` does the same when run from the root), a
+tiny character-level data dir, and a cheap way to run the scripts as processes."""
 import json
 import os
 import subprocess
@@ -8,10 +9,20 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ENV, ROOT, TEXT
+
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+
+from prepare import prepare_char  # noqa: E402 - needs the repository on sys.path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """train.bin, val.bin and meta.json of helpers.TEXT, characters; one per test module."""
+    d = tmp_path_factory.mktemp("data")
+    prepare_char(TEXT, str(d))
+    return d
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import BACKENDS, KVCache, MultiHeadAttention, causal_mask, check_backend, manual_attention
+from helpers import assert_causal_weights
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
 FUSED_BACKENDS = ["sdpa", "flash"]  # compared against "manual"
@@ -61,17 +62,6 @@ def grads(out, inputs, params, seed=7):
     """Gradients of a random projection of `out` w.r.t. inputs and parameters."""
     r = rand(*out.shape, seed=seed)
     return torch.autograd.grad((out * r).sum(), list(inputs) + list(params), retain_graph=True)
-
-
-def assert_causal_weights(w, q_start=0):
-    """w: (B, nh, Tq, Tk) attention weights of queries at positions q_start.. : exactly zero on the
-    future, strictly positive on the past and present, rows summing to one."""
-    Tq, Tk = w.shape[-2:]
-    pos = torch.arange(Tq)[:, None] + q_start
-    future = torch.arange(Tk)[None, :] > pos  # (Tq, Tk)
-    assert torch.all(w[..., future] == 0), "a future key got nonzero attention weight"
-    assert torch.all(w[..., ~future] > 0), "a past or present key got zero attention weight"
-    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
 
 
 # --------------------------------------------------------------------------- the mask itself

@@ -4,14 +4,11 @@ import json
 
 import pytest
 
-from prepare import prepare_char
-
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
+from helpers import check_ok
 
 
 def run_bench(launch, script, out, *args):
-    proc = launch(script, "--device=cpu", f"--out={out}", *args)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    check_ok(launch(script, "--device=cpu", f"--out={out}", *args))
     with open(out) as f:
         return json.load(f)
 
@@ -61,10 +58,8 @@ def test_sample_bench_compares_cache_and_no_cache(launch, tmp_path):
     assert result["speedup"] > 0 and result["greedy_identical"] is True
 
 
-def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path):
-    data = tmp_path / "data"
-    prepare_char(TEXT, str(data))
-    tiny = f"--data_dir={data} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_dir):
+    tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
     result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--max_seconds=1", "--seeds=1",
                        "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1", f"--train_args={tiny}",
                        f"--work_dir={tmp_path / 'runs'}")

@@ -9,12 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-import prepare
 import tokenizer
+from helpers import ROOT
 from prepare import load_meta, open_split, prepare_bpe, prepare_char, shakespeare_text
 from tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = ("train.bin", "val.bin", "meta.json")
 
 

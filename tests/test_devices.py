@@ -11,24 +11,20 @@ inputs, relative to the largest value: bf16 keeps 8 bits of mantissa, so ~0.5% i
 off-by-one mask or a misaligned cache moves the result by 10% or more.
 """
 import copy
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from attention import KVCache, MultiHeadAttention, fa2_func, fa3_func
 from checkpoint import load_checkpoint
+from helpers import check_ok, torchrun
 from mfu import GPU_PEAKS
 from model import GPT, GPTConfig
-from prepare import prepare_char
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.cuda.is_available()
 HOPPER = CUDA and torch.cuda.get_device_capability()[0] >= 9
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3}  # ~4x the rounding error seen on each
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3}  # a few times each one's rounding: 2^-8, 2^-11
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU here")
 
 
@@ -150,32 +146,19 @@ def test_gpt_under_autocast_matches_fp32_loss_and_gradients(device, dtype, backe
 
 # --------------------------------------------------------------------------- the scripts on a GPU
 
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 GPU_TINY = ["--device=cuda", "--max_seconds=0", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32",
             "--batch_size=8", "--eval_iters=2", "--warmup_iters=2", "--log_interval=1", "--eval_interval=10"]
 LOG_LOSS = re.compile(r"^iter (\d+): loss ([0-9.]+),.*MFU (\S+)", re.M)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    prepare_char(TEXT, str(d))
-    return str(d)
-
-
-def check_ok(proc):
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
-
-
 @needs_cuda
 @pytest.mark.parametrize("dtype,attention", [("bfloat16", "flash"), ("float16", "sdpa")])
 def test_train_on_gpu_learns_and_samples_on_gpu_and_cpu(data_dir, tmp_path, launch, dtype, attention):
-    proc = check_ok(launch("train.py", *GPU_TINY, f"--dtype={dtype}", f"--attention={attention}", "--max_iters=40",
+    proc = check_ok(launch("train.py", *GPU_TINY, f"--dtype={dtype}", f"--attention={attention}", "--max_iters=80",
                            f"--data_dir={data_dir}", f"--out_dir={tmp_path}"))
     assert f"dtype {dtype}" in proc.stdout and "device cuda" in proc.stdout
     logged = LOG_LOSS.findall(proc.stdout)
-    assert len(logged) == 40, proc.stdout
+    assert len(logged) == 80, proc.stdout
     losses = [float(loss) for _, loss, _ in logged]
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5]), losses
     if any(fragment in torch.cuda.get_device_name() for fragment, _ in GPU_PEAKS):
@@ -205,12 +188,8 @@ def test_resume_on_gpu_is_exact(data_dir, tmp_path, launch):
 @needs_cuda
 def test_ddp_over_nccl_keeps_ranks_identical(data_dir, tmp_path):
     n = min(2, torch.cuda.device_count())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "tests/distributed_worker.py", *GPU_TINY, "--dtype=bfloat16", "--attention=flash",
-           f"--gradient_accumulation_steps={2 * n}", "--max_iters=10", f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-           "WANDB_MODE": "disabled"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert f"{n} process(es) ddp" in proc.stdout and "max difference between ranks: 0.0" in proc.stdout
+    out = torchrun("tests/distributed_worker.py", *GPU_TINY, "--dtype=bfloat16", "--attention=flash",
+                   f"--gradient_accumulation_steps={2 * n}", "--max_iters=10", f"--data_dir={data_dir}",
+                   f"--out_dir={tmp_path}", nproc=n)
+    assert f"{n} process(es) ddp" in out and "max difference between ranks: 0.0" in out
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 10

@@ -2,39 +2,18 @@
 identical, 2 ranks x 1 micro-step equal 1 rank x 2 micro-steps, and FSDP2 trains and writes a
 checkpoint that loads into a plain model. Ranks read disjoint batches."""
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint
+from helpers import torchrun
 from model import GPT, GPTConfig
-from prepare import prepare_char
 from train import Batches
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the repository first, then whatever the caller had (packages installed outside site-packages)
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-       "WANDB_MODE": "disabled"}
-TEXT = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n" * 40
 TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=4", "--gradient_accumulation_steps=2", "--max_iters=4", "--eval_interval=4",
         "--eval_iters=2", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    prepare_char(TEXT, str(d))
-    return str(d)
-
-
-def torchrun(*args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
 
 
 def final_weights(out_dir):

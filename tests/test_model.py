@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attention import MultiHeadAttention
+from helpers import assert_causal_weights
 from model import GPT, GPTConfig, sample_next
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
@@ -43,14 +44,6 @@ def make_gpt(backend, seed=0, std=0.2, **overrides):
 
 def rand_tokens(*shape, vocab=64, seed=0):
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def assert_causal_weights(w, q_start=0):
-    Tq, Tk = w.shape[-2:]
-    future = torch.arange(Tk)[None, :] > torch.arange(Tq)[:, None] + q_start
-    assert torch.all(w[..., future] == 0), "a future position got nonzero attention weight"
-    assert torch.all(w[..., ~future] > 0), "a past or present position got zero attention weight"
-    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
 
 
 def remove_mask_(model):

@@ -2,7 +2,8 @@
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
+
 # what each linked line must hold
 EXPECTED = {35: "def manual_attention", 53: "def causal_mask", 131: "def forward", 136: "self.c_attn(x)",
             143: "view(B, t.size(1), self.n_head, hs)", 162: "transpose(1, 2).contiguous()"}

@@ -2,10 +2,8 @@
 from train.py and attention maps from sample.py, checked for size and content, not pixels."""
 import json
 import math
-import os
 
 import matplotlib.image
-import numpy as np
 import pytest
 import torch
 

@@ -11,7 +11,6 @@ About temporary files: save_checkpoint writes `.ckpt.pt.tmp<pid>` beside ckpt.pt
 over ckpt.pt. A process killed with SIGKILL mid-save cannot clean up, so that temp file stays
 behind (ckpt.pt itself is intact) until the next save removes it; nothing else may be left."""
 import importlib.util
-import json
 import os
 import queue
 import re
@@ -28,13 +27,9 @@ import pytest
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
+from helpers import ENV, ROOT, TEXT
 from model import GPT, GPTConfig
 from prepare import prepare_char
-
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
 TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
@@ -112,13 +107,6 @@ def kill_quietly(proc):
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    prepare_char(TEXT, str(d))
-    return d
 
 
 @pytest.fixture(scope="module")

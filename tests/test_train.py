@@ -7,7 +7,6 @@ REAL_SUBPROCESS=1 makes those plain subprocesses too). All run with OMP_NUM_THRE
 gains nothing from threads, and on a busy 2-core machine OpenMP's spinning threads make each step
 ~100x slower."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,12 +17,7 @@ import pytest
 import torch
 
 from configurator import ConfigError, load_config
-from prepare import prepare_char
-
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
-TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
+from helpers import ENV, ROOT, TEXT, check_ok
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
 SEPARATOR = "\n---------------\n"
@@ -35,13 +29,6 @@ def run(script, *args, timeout=120):
                           text=True, timeout=timeout)
 
 
-def check_ok(proc):
-    assert proc.returncode == 0, \
-        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
-    assert "Traceback" not in proc.stdout + proc.stderr
-    return proc
-
-
 def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -49,13 +36,6 @@ def load(path):
 def metrics(out_dir):
     with open(Path(out_dir) / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    d = tmp_path / "data"
-    prepare_char(TEXT, str(d))
-    return d
 
 
 # ---- A. end to end ------------------------------------------------------------------------------
@@ -322,5 +302,5 @@ def test_range_checks_are_config_errors(TrainConfig, flag, key):
 
 
 def test_shipped_configs_load(TrainConfig):
-    for path in sorted((ROOT / "configs").glob("*.toml")):
+    for path in sorted(Path(ROOT, "configs").glob("*.toml")):
         load_config(TrainConfig, [str(path)])

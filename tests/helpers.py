@@ -1,0 +1,40 @@
+"""What several test files share: where the repository is, the environment scripts run in, a tiny
+corpus, and the checks on a finished script run and on attention weights."""
+import os
+import subprocess
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# one thread: a tiny model gains nothing from more, and on a busy 2-core machine OpenMP's spinning
+# threads make each step ~100x slower
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+# torchrun's workers import the repository's modules: the repository first, then the caller's own path
+TORCHRUN_ENV = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+        "First Citizen:\nYou are all resolved rather to die than to famish?\n\n") * 20
+
+
+def check_ok(proc):
+    """A script run that exited 0 without a traceback; its output when it did not."""
+    assert proc.returncode == 0, \
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stdout + proc.stderr
+    return proc
+
+
+def torchrun(*args, nproc=2):
+    """stdout of `torchrun --standalone --nproc_per_node=NPROC ARGS`, run in the repository, which must succeed."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return check_ok(subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=240)).stdout
+
+
+def assert_causal_weights(w, q_start=0):
+    """w: (B, nh, Tq, Tk) attention weights of queries at positions q_start.. : exactly zero on the
+    future, strictly positive on the past and present, rows summing to one."""
+    Tq, Tk = w.shape[-2:]
+    future = torch.arange(Tk)[None, :] > torch.arange(Tq)[:, None] + q_start  # (Tq, Tk)
+    assert torch.all(w[..., future] == 0), "a future key got nonzero attention weight"
+    assert torch.all(w[..., ~future] > 0), "a past or present key got zero attention weight"
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
