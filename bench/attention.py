@@ -47,7 +47,7 @@ import torch
 import attention as attn_mod
 from attention import MultiHeadAttention, check_backend
 from bench.benchutil import (default_out, fail, fmt, machine_info, md_table, parse, print_machine, resolve_device,
-                             set_threads, split_list, summary, sync, timed, write_json)
+                             set_threads, split_list, summary, timed, write_json)
 
 CHECK_T = 4096  # the requirement: fused peak memory <= 1/10 of manual at this T on CPU
 CHECK_RATIO = 0.1
