@@ -500,20 +500,24 @@ def main(cfg):
             losses.clear()
             last_log_time, last_log_iter = now, iter_num
 
-        elapsed = training_seconds()
-        if ddp:  # ranks agree on the clock (it drives the schedule) and stop together on a signal
-            agreed = torch.tensor([float(stop_signal), elapsed], dtype=torch.float64, device=device)
+        if ddp and iter_num % cfg.log_interval:
+            continue  # the ranks' clock and stop signal may differ: act on them only once they agree
+        elapsed, stop = training_seconds(), stop_signal
+        if ddp:  # ranks agree on the clock (it drives the schedule) and stop together on a signal; the
+            # agreement waits for the GPU, so it happens once per log_interval, not at every step.
+            # stop_signal itself is left alone: a signal that lands during the all_reduce counts next time
+            agreed = torch.tensor([float(stop), elapsed], dtype=torch.float64, device=device)
             torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
-            stop_signal, elapsed = int(agreed[0]), agreed[1].item()
+            stop, elapsed = int(agreed[0]), agreed[1].item()
         out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
-        if stop_signal:
+        if stop:
             if master:
                 check_losses()
-            save(f"stopped by {signal.Signals(stop_signal).name} after iteration {iter_num}", final=True)
+            save(f"stopped by {signal.Signals(stop).name} after iteration {iter_num}", final=True)
             if master:
                 print(f"resume with: python train.py {' '.join(sys.argv[1:])} --init_from=resume")
             shut_down_distributed()
-            sys.exit(128 + stop_signal)
+            sys.exit(128 + stop)
 
     if master:
         print(f"done: {iter_num} iterations in {training_seconds():.1f} s of training; best val loss {best_val_loss:.4f}; "

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
-from helpers import ENV, ROOT, TEXT
+from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV
 from model import GPT, GPTConfig
 from prepare import prepare_char
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
@@ -292,6 +292,53 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     assert "Traceback" not in resumed.stdout + resumed.stderr
     assert [int(n) for n in LOG_LINE.findall(resumed.stdout)] == [stopped_at + 1, stopped_at + 2]
     assert load_checkpoint(str(ckpt_path))["iter_num"] == stopped_at + 2
+
+
+SIGNAL_DURING_AGREEMENT = """
+import os, signal, sys
+import torch
+import torch.distributed as dist
+from configurator import load_config
+from train import TrainConfig, main, shut_down_distributed
+
+real_all_reduce = dist.all_reduce
+
+
+def all_reduce(tensor, *args, **kwargs):  # rank 1 gets SIGTERM while the ranks agree on clock and signal
+    done = real_all_reduce(tensor, *args, **kwargs)
+    if dist.get_rank() == 1 and tensor.dtype == torch.float64 and not all_reduce.signalled:
+        all_reduce.signalled = True
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the agreed values are read
+    return done
+
+
+all_reduce.signalled = False
+dist.all_reduce = all_reduce
+main(load_config(TrainConfig, sys.argv[1:]))
+shut_down_distributed()
+"""
+
+
+def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir):
+    """torchrun, 2 ranks (gloo): SIGTERM reaches rank 1 only, during the ranks' agreement at
+    iteration 3, too late for it. It counts at the next agreement (iteration 6): both ranks stop
+    after the same step, rank 0 saves, and both exit 128 + SIGTERM."""
+    out, logs, worker = tmp_path / "out", tmp_path / "logs", tmp_path / "worker.py"
+    worker.write_text(SIGNAL_DURING_AGREEMENT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+           "--redirects=3", str(worker), *TINY, "--optimizer=adamw", "--gradient_accumulation_steps=2",
+           f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=3", "--eval_interval=100000", "--max_iters=30"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, "torchrun reports that its workers stopped"
+    assert f"exitcode: {128 + signal.SIGTERM}" in proc.stderr, proc.stderr[-3000:]
+    ranks = {rank: {name: next(logs.rglob(f"{rank}/{name}.log")).read_text() for name in ("stdout", "stderr")}
+             for rank in (0, 1)}  # each rank's own output, apart from torchrun's report
+    for rank, output in ranks.items():
+        assert "Traceback" not in output["stdout"] + output["stderr"], (rank, output["stderr"][-3000:])
+    assert re.findall(r"saved \S+ \((.*?)\)", ranks[0]["stdout"]) == ["stopped by SIGTERM after iteration 6"], \
+        ranks[0]["stdout"][-3000:]
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 6
+    assert "--init_from=resume" in ranks[0]["stdout"] and ranks[1]["stdout"] == ""  # only rank 0 speaks
 
 
 # ---- F. non-finite loss -------------------------------------------------------------------------
