@@ -14,13 +14,15 @@ sum of the values. `MultiHeadAttention` adds the projections and the split into 
   "fa2", "fa3"  the flash-attn package only; an error if it cannot run here
 """
 import math
+from typing import Literal, get_args
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BACKENDS = ("manual", "sdpa", "flash", "fa2", "fa3")
+Backend = Literal["manual", "sdpa", "flash", "fa2", "fa3"]  # the one list of backend names
+BACKENDS = get_args(Backend)
 
 try:  # FlashAttention 2 (Ampere and newer), from the optional flash-attn package
     from flash_attn import flash_attn_func as fa2_func
@@ -66,10 +68,13 @@ def flash_attn_package(backend, q, dropout_p):
     return None
 
 
-def check_backend(backend, device_type, dtype, dropout):
-    """Raise ValueError, saying what to change, if `backend` cannot run on this device and dtype."""
+def check_backend(backend, device_type=None, dtype=None, dropout=0.0):
+    """Raise ValueError, saying what to change, if `backend` is unknown or, when a device is given,
+    cannot run on that device and dtype. The one place a backend is checked."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if device_type is None:
+        return
     if backend in ("fa2", "fa3"):
         fn = fa2_func if backend == "fa2" else fa3_func
         if fn is None:
@@ -116,21 +121,22 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """Self-attention (causal by default), or cross-attention when `context` is given."""
 
-    def __init__(self, n_embd, n_head, block_size, dropout=0.0, bias=True, backend="manual", causal=True,
-                 qk_norm=False):
+    def __init__(self, n_embd, n_head, dropout=0.0, bias=True, backend="manual", causal=True, qk_norm=False):
         super().__init__()
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        check_backend(backend)
         self.n_head, self.dropout, self.backend, self.causal, self.qk_norm = n_head, dropout, backend, causal, qk_norm
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
         self.resid_dropout = nn.Dropout(dropout)
+        # keep_weights=True: forward goes through manual_attention and keeps its weights in
+        # self.weights, (B, nh, Tq, Tk), for pictures and tests (fused kernels never form them)
+        self.keep_weights, self.weights = False, None
 
-    def forward(self, x, context=None, kv_cache=None, need_weights=False, rotary=None):
+    def forward(self, x, context=None, kv_cache=None, rotary=None):
         """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; rotary: (cos, sin) for the Tq
-        positions, to apply RoPE to self-attention. Returns (y, weights or None)."""
+        positions, to apply RoPE to self-attention. Returns y: (B, Tq, C)."""
         B, Tq, C = x.shape
         if context is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -151,16 +157,18 @@ class MultiHeadAttention(nn.Module):
         causal = self.causal and context is None
         dropout_p = self.dropout if self.training else 0.0
 
-        weights = None
-        if self.backend == "manual" or need_weights:
+        self.weights = None
+        if self.backend == "manual" or self.keep_weights:
             mask = causal_mask(Tq, Tk, q.device) if causal and Tq > 1 else None  # one newest query sees all
             y, weights = manual_attention(q, k, v, mask, dropout_p)
+            if self.keep_weights:
+                self.weights = weights
         elif self.backend == "sdpa":
             y = self.sdpa(q, k, v, causal, dropout_p)
         else:
             y = self.flash(q, k, v, causal, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side again
-        return self.resid_dropout(self.c_proj(y)), weights if need_weights else None
+        return self.resid_dropout(self.c_proj(y))
 
     def sdpa(self, q, k, v, causal, dropout_p):
         Tq, Tk = q.size(2), k.size(2)

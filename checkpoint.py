@@ -1,18 +1,36 @@
 """
-Checkpoints that cannot be half-written and cannot run code.
+What a training run leaves in its out_dir, and how it is read back.
 
-Saving writes a temporary file beside the target, flushes it to disk and renames it over the old
-one, so a crash or kill mid-save leaves the previous checkpoint intact. Loading uses
-torch.load(weights_only=True): tensors and plain Python data only, never arbitrary pickled objects.
+ckpt.pt, the checkpoint, holds everything needed to continue exactly. It cannot be half-written:
+saving writes a temporary file beside the target, flushes it to disk and renames it over the old
+one, so a crash or kill mid-save leaves the previous checkpoint intact. It cannot run code: loading
+uses torch.load(weights_only=True), tensors and plain Python data only.
+
+metrics.jsonl and loss.png are the run's record: every logged value, and the loss curves, which
+TrainingLog writes as it prints the log lines.
 """
 import glob
+import json
+import math
 import os
 import pickle
+import random
+import time
 import zipfile
+from dataclasses import asdict
 
+import numpy as np
 import torch
 
-from model import GPT, GPTConfig
+from configurator import fail
+from model import GPT, WEIGHT_SETTINGS, GPTConfig, peak_flops
+
+# settings a resumed run may change, at the price of not matching an uninterrupted run
+SCHEDULE_SETTINGS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
+
+
+def ckpt_path(out_dir):
+    return os.path.join(out_dir, "ckpt.pt")
 
 
 def save_checkpoint(state, path):
@@ -77,3 +95,185 @@ def model_from_checkpoint(checkpoint, path, **overrides):
         raise ValueError(f"{path} does not match this code's model (an incompatible config): "
                          f"{str(e).splitlines()[0]}") from None
     return model
+
+
+def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
+    """ValueError unless the checkpoint holds the model that cfg (a train.py config, with vocab_size
+    resolved from the data) asks for. It is compared with the first run's settings, not the model's:
+    with init_from=gpt2 the weights decided the shape, and the same command line must resume."""
+    saved, defaults = checkpoint["config"], type(cfg)()
+    # a setting the first run's code did not have yet was at its default (which keeps old behaviour)
+    differ = [f"{k}={saved.get(k, getattr(defaults, k))} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS
+              if saved.get(k, getattr(defaults, k)) != getattr(cfg, k)]
+    if checkpoint["model_config"]["vocab_size"] != vocab_size:
+        differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
+    if differ:
+        raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
+    changed = [f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in SCHEDULE_SETTINGS if saved.get(k) != getattr(cfg, k)]
+    if changed and not quiet:
+        print(f"note: {', '.join(changed)} since the checkpoint; the learning-rate schedule follows the new "
+              "values, so this run will not match an uninterrupted one")
+
+
+def check_writable(out_dir):
+    """Find an unwritable or full out_dir before training, not after hours of it."""
+    probe = os.path.join(out_dir, f".write-test{os.getpid()}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
+                         "or free some space") from None
+    finally:
+        if os.path.exists(probe):
+            os.remove(probe)
+
+
+def rng_state(generator):
+    """Every random number generator a run draws from (Python, NumPy, torch, CUDA, and the batch
+    sampler's generator), as tensors and plain data that weights_only loading accepts."""
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+            "batches": generator.get_state()}
+
+
+def set_rng_state(state, generator):
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    generator.set_state(state["batches"])
+
+
+class MetricsLog:
+    """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
+    Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png."""
+
+    def __init__(self, out_dir, wandb=None):
+        self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
+        self.file, self.wandb = open(self.path, "a"), None
+        if wandb is not None:
+            import wandb as wandb_module
+            project, name, config = wandb
+            has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
+            mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
+            wandb_module.init(project=project, name=name, config=config, mode=mode)
+            if mode == "offline":
+                print("wandb: no API key found, logging offline to ./wandb; upload later with "
+                      "`wandb sync wandb/offline-run-*`")
+            self.wandb = wandb_module
+
+    def write(self, record):
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb:
+            self.wandb.log(record, step=record["iter"])
+
+    def draw(self):
+        plot_losses(self.path, self.png)
+
+    def close(self):
+        self.file.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def plot_losses(metrics_path, png_path):
+    """Train and val loss against iterations and against training time, from metrics.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only; works on machines without a screen
+    import matplotlib.pyplot as plt
+
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x in zip(axes, ("iter", "seconds")):
+        ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
+        ax.plot([r[x] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
+        ax.plot([r[x] for r in evals], [r["val_loss"] for r in evals], "o-", label="val (eval)")
+        ax.set_xlabel("iteration" if x == "iter" else "training seconds")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cross-entropy loss")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+class TrainingLog:
+    """What rank 0 reports: a line per log_interval and per evaluation on the terminal, the same as
+    records in out_dir (MetricsLog). Recent losses stay on the device, so reading them
+    costs one host sync per log line, not one per step."""
+
+    def __init__(self, cfg, run, model):
+        self.cfg, self.master, self.losses, self.metrics = cfg, run.master, [], None
+        self.ckpt_path = ckpt_path(cfg.out_dir)
+        self.fp16 = run.dtype == torch.float16  # its GradScaler skips steps with a non-finite loss itself
+        self.tokens_per_iter = run.accumulation_steps * cfg.batch_size * cfg.block_size
+        self.flops_per_iter = model.flops_per_token() * self.tokens_per_iter / run.world_size
+        self.peak, source = peak_flops(run.device_type, run.dtype) if run.master else (None, "")
+        if run.master:
+            print(f"{model.num_params() / 1e6:.2f}M parameters | device {run.device} | dtype {str(run.dtype)[6:]} | "
+                  f"attention {cfg.attention} | {run.world_size} process(es) "
+                  f"{cfg.parallelism if run.distributed else ''}| {self.tokens_per_iter:,} tokens/iter | "
+                  f"MFU against {source}")
+
+    def open(self, iter_num):
+        """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
+        self.last_time, self.last_iter = time.time(), iter_num
+        if self.master:
+            wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
+            self.metrics = MetricsLog(self.cfg.out_dir, wandb)
+
+    def add_loss(self, loss):
+        if self.master:
+            self.losses.append(loss)
+
+    def check_finite(self, iter_num):
+        """Stop on a non-finite loss, naming its iteration."""
+        if not self.losses or self.fp16:
+            return
+        values = torch.stack(self.losses).tolist()
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
+            fail(f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
+                 f"--learning_rate or use --dtype=float32 or bfloat16{where}", status=1)
+
+    def steps(self, iter_num, lr, seconds):
+        if not self.master:
+            return
+        self.check_finite(iter_num)
+        now = time.time()
+        seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
+        mfu = self.flops_per_iter / seconds_per_iter / self.peak if self.peak else float("nan")
+        loss = torch.stack(self.losses).float().mean().item()
+        print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
+              f"{self.tokens_per_iter / seconds_per_iter:,.0f} tokens/s, MFU {mfu:.1%}")
+        self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
+                            "tokens_per_s": self.tokens_per_iter / seconds_per_iter, "mfu": mfu,
+                            "seconds": round(seconds, 3)})
+        self.losses.clear()
+        self.last_time, self.last_iter = now, iter_num
+
+    def evaluation(self, iter_num, losses, seconds=None):
+        if not self.master:
+            return
+        print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        if self.metrics:  # not with eval_only, which writes nothing
+            self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                                "seconds": round(seconds, 3)})
+            self.metrics.draw()
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()

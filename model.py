@@ -7,29 +7,31 @@ References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Huggin
 import json
 import math
 import os
-from dataclasses import dataclass
+import platform
+import time
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import BACKENDS, KVCache, MultiHeadAttention
+from attention import Backend, KVCache, MultiHeadAttention, check_backend
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257
-    block_size: int = 1024  # longest context the model sees
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    vocab_size: int = 50257  # tokens the model reads and predicts
+    block_size: int = 1024  # the longest context the model sees
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # width of the residual stream
+    dropout: float = 0.0  # on attention weights and residual branches while training
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
-    attention: str = "manual"  # one of attention.BACKENDS
-    # Beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
-    pos_embedding: Literal["learned", "rope"] = "learned"  # rope: rotary embeddings in attention
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    attention: Backend = "manual"  # who computes attention: the hand-written path or a fused kernel
+    # beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
+    pos_embedding: Literal["learned", "rope"] = "learned"  # positions: a learned table, or rotary in attention
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation before attention, MLP and head
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     zero_init: bool = False  # output projections start at zero: every block starts as the identity
 
@@ -43,10 +45,16 @@ class GPTConfig:
                              f"n_head can be one of {', '.join(map(str, fits))}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.attention not in BACKENDS:
-            raise ValueError(f"unknown attention backend {self.attention!r}; choose one of {', '.join(BACKENDS)}")
+        check_backend(self.attention)
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}")
+
+
+# Settings that change how trained weights are run, not what they mean: a checkpoint or GPT-2 may
+# be run with other values. Every other field is fixed by the weights: a resumed run must repeat it,
+# and GPT-2's files decide it.
+RUNTIME_SETTINGS = ("dropout", "attention")
+WEIGHT_SETTINGS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_SETTINGS)
 
 
 def make_norm(config):
@@ -73,15 +81,14 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1 = make_norm(config)
-        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.block_size, config.dropout,
-                                       config.bias, config.attention, qk_norm=config.qk_norm)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, config.dropout, config.bias, config.attention,
+                                       qk_norm=config.qk_norm)
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None, need_weights=False, rotary=None):
-        y, weights = self.attn(self.ln_1(x), kv_cache=kv_cache, need_weights=need_weights, rotary=rotary)
-        x = x + y
-        return x + self.mlp(self.ln_2(x)), weights
+    def forward(self, x, kv_cache=None, rotary=None):
+        x = x + self.attn(self.ln_1(x), kv_cache=kv_cache, rotary=rotary)
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -130,10 +137,9 @@ class GPT(nn.Module):
     def new_kv_cache(self):
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
 
-    def forward(self, idx, targets=None, kv_cache=None, need_weights=False, last_only=False):
-        """idx: (B, T) token ids, after the kv_cache's positions if one is given. Returns (logits, loss),
-        logits (B, T, vocab), or (B, 1, vocab) with last_only=True; with need_weights=True,
-        (logits, loss, [per-layer (B, nh, T, T_all)])."""
+    def forward(self, idx, targets=None, kv_cache=None, last_only=False):
+        """idx: (B, T) token ids, after the kv_cache's positions if one is given. Returns (logits, loss):
+        logits (B, T, vocab), or (B, 1, vocab) with last_only=True; loss None without targets."""
         B, T = idx.shape
         if last_only and targets is not None:
             raise ValueError("last_only=True is for sampling; a loss needs the logits of every position")
@@ -147,27 +153,53 @@ class GPT(nn.Module):
         else:
             rotary = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
         x = self.transformer.drop(x)
-        all_weights = []
         for i, block in enumerate(self.transformer.h):
-            x, weights = block(x, kv_cache[i] if kv_cache else None, need_weights, rotary)
-            all_weights.append(weights)
+            x = block(x, kv_cache[i] if kv_cache else None, rotary)
         if last_only:  # sampling reads only the newest position: skip the vocabulary matmul for the others
             x = x[:, -1:]
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
-        return (logits, loss, all_weights) if need_weights else (logits, loss)
+        if targets is not None:  # reshape, not view: a sliced target such as x[:, 1:] is not contiguous
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, exclude=()):
-        """AdamW with weight decay on matrices (Linear weights, embeddings) only, not on biases and
-        norms; parameters in `exclude` are left to another optimizer."""
-        skip = {id(p) for p in exclude}
-        params = [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
+    def attention_weights(self, idx, kv_cache=None):
+        """Per layer, the attention weights (B, nh, T, T_all) of a forward pass over idx, computed by
+        the hand-written path whatever the backend (fused kernels never form them)."""
+        layers = [block.attn for block in self.transformer.h]
+        for attn in layers:
+            attn.keep_weights = True
+        try:
+            self(idx, kv_cache=kv_cache)
+            return [attn.weights for attn in layers]
+        finally:
+            for attn in layers:
+                attn.keep_weights, attn.weights = False, None
+
+    def flops_per_token(self):
+        """Training FLOPs per token, as in the PaLM paper's appendix B (and nanoGPT): 6 per weight
+        (2 forward, 4 backward) plus 12 * n_layer * n_embd * T for attention's scores and sums."""
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+
+    def configure_optimizers(self, optimizer, learning_rate, weight_decay, betas, muon_lr, device_type):
+        """optimizer="adamw": AdamW for everything, with weight decay on matrices (Linear weights,
+        embeddings) only, not on biases and norms. "muon": torch.optim.Muon (momentum made orthogonal
+        by Newton-Schulz) for the 2-D weights inside the blocks, AdamW for the rest. Each group keeps
+        its peak rate as "initial_lr", which a schedule scales."""
+        muon_params = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
+        in_muon = {id(p) for p in muon_params}
+        params = [p for p in self.parameters() if p.requires_grad and id(p) not in in_muon]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         fused = device_type in ("cuda", "cpu")  # one kernel for all parameters: ~3x faster steps on CPU
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
+        if muon_params:
+            optimizers.append(torch.optim.Muon(muon_params, lr=muon_lr, weight_decay=weight_decay))
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["initial_lr"] = group["lr"]
+        return optimizers
 
     @torch.no_grad()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
@@ -203,11 +235,12 @@ class GPT(nn.Module):
     def from_pretrained(cls, name_or_dir, **overrides):
         """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
         or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...).
-        `overrides` may set what leaves the weights' meaning as it is: dropout, attention."""
-        fixed = sorted(set(overrides) - {"dropout", "attention"})
+        `overrides` may set what leaves the weights' meaning as it is: RUNTIME_SETTINGS."""
+        fixed = sorted(set(overrides) - set(RUNTIME_SETTINGS))
         if fixed:
-            raise ValueError(f"{', '.join(fixed)} cannot be overridden: GPT-2's weights fix them (only dropout "
-                             "and attention can be); for a shorter context call crop_block_size() after loading")
+            raise ValueError(f"{', '.join(fixed)} cannot be overridden: GPT-2's weights fix them (only "
+                             f"{' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call "
+                             "crop_block_size() after loading")
         directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
         if not os.path.isfile(os.path.join(directory, "config.json")):
             raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json "
@@ -273,3 +306,82 @@ def load_hf_state_dict(directory):
     if os.path.exists(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
+
+
+# ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training
+# step uses. Peaks come from datasheets (dense, no sparsity) on GPUs, and on a CPU from a short
+# matrix-multiply probe run once and cached, since no table can know a CPU's.
+
+# Dense peak FLOP/s by GPU name fragment, for bf16/fp16 tensor cores and for fp32 (as TF32, which
+# train.py enables on CUDA). Checked in order: put longer names first.
+GPU_PEAKS = [
+    ("H200", {"bf16": 989e12, "fp32": 494e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
+    ("H100", {"bf16": 989e12, "fp32": 494e12}),
+    ("B200", {"bf16": 2250e12, "fp32": 1100e12}),
+    ("A100", {"bf16": 312e12, "fp32": 156e12}),
+    ("A10G", {"bf16": 70e12, "fp32": 35e12}),
+    ("A10", {"bf16": 125e12, "fp32": 62.5e12}),
+    ("L40S", {"bf16": 362e12, "fp32": 183e12}),
+    ("L4", {"bf16": 121e12, "fp32": 60e12}),
+    ("RTX 4090", {"bf16": 165e12, "fp32": 82.6e12}),
+    ("RTX 3090", {"bf16": 71e12, "fp32": 35.6e12}),
+    ("V100", {"bf16": 125e12, "fp32": 15.7e12}),  # fp16 only; V100 has no bf16
+    ("T4", {"bf16": 65e12, "fp32": 8.1e12}),
+]
+CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
+
+
+def measure_cpu_peak(dtype, size=1024, seconds=1.0):
+    """FLOP/s of a square matmul on this CPU with torch's threads: the practical peak."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    for _ in range(3):  # warm-up: thread pool, caches, kernel choice
+        a @ b
+    best = 0.0
+    for _ in range(5):  # the best of several short runs: a busy moment only lowers one of them
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 5:
+            a @ b
+            n += 1
+        best = max(best, 2 * size ** 3 * n / (time.perf_counter() - start))
+    return best
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peak_flops(device_type, dtype):
+    """(peak FLOP/s, where it came from) for this device and dtype; (None, reason) if unknown."""
+    key = "fp32" if dtype == torch.float32 else "bf16"
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+        for fragment, peaks in GPU_PEAKS:
+            if fragment in name:
+                return peaks[key], f"{name} datasheet, {key}"
+        return None, f"{name} is not in model.GPU_PEAKS"
+    if device_type != "cpu":
+        return None, f"no peak known for {device_type}"
+    machine = f"{cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}"
+    try:
+        with open(CPU_PEAK_CACHE) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        cached = {}
+    if machine not in cached:
+        cached[machine] = measure_cpu_peak(dtype)
+        try:
+            os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
+            with open(CPU_PEAK_CACHE, "w") as f:
+                json.dump(cached, f)
+        except OSError:
+            pass  # an unwritable home only costs a re-measure next time
+    return cached[machine], f"measured {key} matmul on this CPU ({torch.get_num_threads()} threads)"

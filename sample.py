@@ -5,39 +5,37 @@ Sample from a trained model, streaming tokens to the terminal as they are made:
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
 """
-import os
 import sys
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 
-from checkpoint import load_checkpoint, model_from_checkpoint
-from configurator import config_from_argv, fail
+from attention import Backend
+from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from configurator import DType, config_from_argv, fail, pick_device, pick_dtype
+from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from model import GPT
-from plots import plot_attention
-from tokenizer import GPT2Tokenizer, tokenizer_from_meta
-from train import pick_device, pick_dtype
 
 
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # where train.py wrote ckpt.pt
-    init_from: str = "resume"  # "resume" (out_dir/ckpt.pt), or GPT-2: "gpt2", "gpt2-xl", a local HF dir
+    init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
-    num_samples: int = 2
-    max_new_tokens: int = 500
+    num_samples: int = 2  # how many samples
+    max_new_tokens: int = 500  # tokens to write per sample
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
     top_k: Optional[int] = 200  # sample only from the k most likely tokens (none: all)
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
-    seed: int = 1337
-    device: str = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    attention: Optional[str] = None  # swap the attention backend of the checkpoint (none: as trained)
-    use_kv_cache: bool = True
+    seed: int = 1337  # the same seed gives the same samples
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    dtype: DType = "auto"  # autocast precision; auto: bf16/fp16 on GPUs, fp32 on CPUs
+    attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
+    use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
     attention_map: str = ""  # a .png path: draw the prompt's attention weights there instead of sampling
-    attention_layer: int = 0  # the (layer, head) drawn large in the attention map
-    attention_head: int = 0
+    attention_layer: int = 0  # the layer drawn large in the attention map
+    attention_head: int = 0  # the head drawn large in the attention map
 
     def __post_init__(self):
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -57,7 +55,7 @@ def load_model(cfg):
     overrides = {"attention": cfg.attention} if cfg.attention else {}
     if cfg.init_from != "resume":
         return GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
-    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    path = ckpt_path(cfg.out_dir)
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint, path, **overrides)
     try:
@@ -79,7 +77,7 @@ def draw_attention(model, tokenizer, ids, cfg):
         fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")
     ids = ids[-c.block_size:]
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    _, _, weights = model(idx, need_weights=True)  # per layer (1, nh, T, T)
+    weights = model.attention_weights(idx)  # per layer (1, nh, T, T)
     plot_attention([w[0] for w in weights], [tokenizer.decode([i]) for i in ids], cfg.attention_map,
                    cfg.attention_layer, cfg.attention_head)
     print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
@@ -121,6 +119,40 @@ def main(cfg):
                     pending = []
         sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
         sys.stdout.flush()
+
+
+def plot_attention(weights, labels, png_path, layer=0, head=0):
+    """weights: per-layer tensors (nh, T, T) for one sequence; labels: the T tokens as text.
+    Left: every layer x head as a small grid; right: the chosen (layer, head) large, labelled."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only; works on machines without a screen
+    import matplotlib.pyplot as plt
+
+    n_layer, n_head = len(weights), weights[0].size(0)
+    fig = plt.figure(figsize=(2 * n_head + 8, max(2 * n_layer, 6)))
+    grid = fig.add_gridspec(n_layer, n_head + 4)
+    for i in range(n_layer):
+        for j in range(n_head):
+            ax = fig.add_subplot(grid[i, j])
+            ax.imshow(weights[i][j].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"head {j}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"layer {i}", fontsize=8)
+    ax = fig.add_subplot(grid[:, n_head:])
+    image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
+    shown = [repr(t)[1:-1].replace(" ", "␣") for t in labels]  # make newlines and spaces visible
+    ax.set_xticks(range(len(shown)), shown, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(shown)), shown, fontsize=7)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(f"layer {layer}, head {head}: row i = how query i spreads its attention")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

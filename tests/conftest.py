@@ -14,7 +14,7 @@ from helpers import ENV, ROOT, TEXT
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from prepare import prepare_char  # noqa: E402 - needs the repository on sys.path
+from data.prepare import prepare_char  # noqa: E402 - needs the repository on sys.path
 
 
 @pytest.fixture(scope="module")

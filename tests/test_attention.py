@@ -24,14 +24,23 @@ ATOL = 1e-5
 def make_mha(backend, seed=0, causal=True, bias=True):
     """A small attention layer in eval mode; the same seed gives the same weights on every backend."""
     torch.manual_seed(seed)
-    return MultiHeadAttention(C, NH, BLOCK, dropout=0.0, bias=bias, backend=backend, causal=causal).eval()
+    return MultiHeadAttention(C, NH, dropout=0.0, bias=bias, backend=backend, causal=causal).eval()
 
 
 def clone_as(m, backend):
-    twin = MultiHeadAttention(C, NH, BLOCK, dropout=0.0, bias=m.c_attn.bias is not None,
+    twin = MultiHeadAttention(C, NH, dropout=0.0, bias=m.c_attn.bias is not None,
                               backend=backend, causal=m.causal).eval()
     twin.load_state_dict(m.state_dict())
     return twin
+
+
+def with_weights(m, x, **kwargs):
+    """(y, attention weights) of m(x): the keep_weights flag routes it through manual_attention."""
+    m.keep_weights = True
+    try:
+        return m(x, **kwargs), m.weights
+    finally:
+        m.keep_weights = False
 
 
 def rand(*shape, seed=1, requires_grad=False):
@@ -88,14 +97,13 @@ def test_manual_attention_masked_weights_exactly_zero_rows_sum_to_one(tq, tk):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_need_weights_masked_exactly_zero_rows_sum_to_one(backend):
+def test_kept_weights_masked_exactly_zero_rows_sum_to_one(backend):
     m = make_mha(backend)
     x = rand(B, 12, C)
     with torch.no_grad():
-        y_w, w = m(x, need_weights=True)
-        y, none = m(x)
-    if backend != "manual":  # the fused kernels ran, so y_w vs y compares two different paths
-        assert none is None
+        y_w, w = with_weights(m, x)
+        y = m(x)
+    assert m.weights is None, "weights are kept only while keep_weights is set"
     assert w.shape == (B, NH, 12, 12)
     assert_causal_weights(w)
     torch.testing.assert_close(y_w, y, atol=ATOL, rtol=0)  # the weights path computes the same output
@@ -103,14 +111,14 @@ def test_need_weights_masked_exactly_zero_rows_sum_to_one(backend):
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_need_weights_with_kv_cache_masks_bottom_right(backend):
+def test_kept_weights_with_kv_cache_masks_bottom_right(backend):
     m = make_mha(backend)
     x = rand(B, 9, C)
     with torch.no_grad():
         cache = KVCache(BLOCK)
         m(x[:, :5], kv_cache=cache)
-        y, w = m(x[:, 5:8], kv_cache=cache, need_weights=True)  # queries at positions 5, 6, 7
-        y1, w1 = m(x[:, 8:], kv_cache=cache, need_weights=True)  # one query at position 8
+        y, w = with_weights(m, x[:, 5:8], kv_cache=cache)  # queries at positions 5, 6, 7
+        y1, w1 = with_weights(m, x[:, 8:], kv_cache=cache)  # one query at position 8
     assert w.shape == (B, NH, 3, 8) and w1.shape == (B, NH, 1, 9)
     assert_causal_weights(w, q_start=5)
     assert_causal_weights(w1, q_start=8)
@@ -127,11 +135,11 @@ def test_changing_future_inputs_leaves_earlier_outputs_unchanged(backend):
     m = make_mha(backend)
     x = rand(B, T, C, seed=1)
     with torch.no_grad():
-        y = m(x)[0]
+        y = m(x)
         for t in (0, 1, 5, T - 1):
             x2 = x.clone()
             x2[:, t:] = rand(B, T - t, C, seed=100 + t)
-            y2 = m(x2)[0]
+            y2 = m(x2)
             torch.testing.assert_close(y2[:, :t], y[:, :t], atol=1e-6, rtol=0,
                                        msg=f"changing inputs from {t} on changed an earlier output")
             change = (y2[:, t] - y[:, t]).abs().amax(-1)  # per batch element
@@ -143,7 +151,7 @@ def test_output_gradient_is_exactly_zero_for_future_inputs(backend):
     T = 10
     m = make_mha(backend)
     x = rand(B, T, C, requires_grad=True)
-    y = m(x)[0]
+    y = m(x)
     r = rand(C, seed=3)
     for b in range(B):
         for i in range(T):
@@ -162,7 +170,7 @@ def test_gradient_with_kv_cache_is_zero_for_later_queries(backend):
     with torch.no_grad():
         m(x[:, :6], kv_cache=cache)
     xq = x[:, 6:].clone().requires_grad_(True)  # queries at positions 6..9 after a cache of 6
-    y = m(xq, kv_cache=cache)[0]
+    y = m(xq, kv_cache=cache)
     r = rand(C, seed=3)
     for i in range(4):
         (g,) = torch.autograd.grad((y[:, i] * r).sum(), xq, retain_graph=True)
@@ -180,7 +188,7 @@ def test_backend_matches_manual_outputs_and_gradients(backend):
     for T in (1, 7, BLOCK):
         x_ref = rand(B, T, C, seed=T, requires_grad=True)
         x = x_ref.detach().clone().requires_grad_(True)
-        y_ref, y = ref(x_ref)[0], m(x)[0]
+        y_ref, y = ref(x_ref), m(x)
         torch.testing.assert_close(y, y_ref, atol=ATOL, rtol=0)
         g_ref = grads(y_ref, [x_ref], ref.parameters())
         g = grads(y, [x], m.parameters())
@@ -193,7 +201,7 @@ def test_backend_matches_reference(backend):
     m = make_mha(backend)
     x = rand(B, BLOCK, C)
     with torch.no_grad():
-        torch.testing.assert_close(m(x)[0], reference_attention(m, x), atol=ATOL, rtol=0)
+        torch.testing.assert_close(m(x), reference_attention(m, x), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -204,11 +212,11 @@ def test_kv_cache_queries_match_full_computation(backend, prefix, tq):
     m = clone_as(ref, backend)
     x = rand(B, prefix + tq, C)
     with torch.no_grad():
-        full = ref(x)[0]
+        full = ref(x)
         cache = KVCache(BLOCK)
         m(x[:, :prefix], kv_cache=cache)
     xq = x[:, prefix:].clone().requires_grad_(True)
-    y = m(xq, kv_cache=cache)[0]
+    y = m(xq, kv_cache=cache)
     assert cache.pos == prefix + tq
     torch.testing.assert_close(y, full[:, prefix:], atol=ATOL, rtol=0)
     torch.testing.assert_close(y, reference_attention(m, x, q_start=prefix), atol=ATOL, rtol=0)
@@ -218,7 +226,7 @@ def test_kv_cache_queries_match_full_computation(backend, prefix, tq):
     with torch.no_grad():
         ref(x[:, :prefix], kv_cache=cache_ref)
     xq_ref = x[:, prefix:].clone().requires_grad_(True)
-    y_ref = ref(xq_ref, kv_cache=cache_ref)[0]
+    y_ref = ref(xq_ref, kv_cache=cache_ref)
     for a, e in zip(grads(y, [xq], m.parameters()), grads(y_ref, [xq_ref], ref.parameters())):
         torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
 
@@ -231,7 +239,7 @@ def test_kv_cache_fed_in_uneven_chunks_matches_full(backend):
         full = reference_attention(m, x)
         cache, start, outs = KVCache(BLOCK), 0, []
         for n in (3, 1, 4, 2, 1, 5):
-            outs.append(m(x[:, start:start + n], kv_cache=cache)[0])
+            outs.append(m(x[:, start:start + n], kv_cache=cache))
             start += n
     torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=ATOL, rtol=0)
 
@@ -244,8 +252,8 @@ def test_cross_attention_sees_all_of_context(backend, bias, tq, tk):
     m = clone_as(ref, backend)
     x_ref, c_ref = rand(B, tq, C, seed=1, requires_grad=True), rand(B, tk, C, seed=2, requires_grad=True)
     x, c = (t.detach().clone().requires_grad_(True) for t in (x_ref, c_ref))
-    y = m(x, context=c)[0]
-    y_ref = ref(x_ref, context=c_ref)[0]
+    y = m(x, context=c)
+    y_ref = ref(x_ref, context=c_ref)
     assert y.shape == (B, tq, C)
     with torch.no_grad():
         expected = reference_attention(m, x, context=c)
@@ -254,7 +262,7 @@ def test_cross_attention_sees_all_of_context(backend, bias, tq, tk):
     for a, e in zip(grads(y, [x, c], m.parameters()), grads(y_ref, [x_ref, c_ref], ref.parameters())):
         torch.testing.assert_close(a, e, atol=ATOL, rtol=0)
     with torch.no_grad():
-        _, w = m(x, context=c, need_weights=True)
+        _, w = with_weights(m, x, context=c)
     assert w.shape == (B, NH, tq, tk)
     assert torch.all(w > 0), "cross-attention must not mask any context position"
     torch.testing.assert_close(w.sum(-1), torch.ones(B, NH, tq), atol=1e-6, rtol=0)
@@ -266,7 +274,7 @@ def test_non_causal_self_attention_sees_everything(backend):
     m = clone_as(ref, backend)
     x_ref = rand(B, 11, C, requires_grad=True)
     x = x_ref.detach().clone().requires_grad_(True)
-    y, y_ref = m(x)[0], ref(x_ref)[0]
+    y, y_ref = m(x), ref(x_ref)
     with torch.no_grad():
         torch.testing.assert_close(y, reference_attention(m, x, causal=False), atol=ATOL, rtol=0)
     for a, e in zip(grads(y, [x], m.parameters()), grads(y_ref, [x_ref], ref.parameters())):
@@ -333,9 +341,9 @@ def test_check_backend_rejects_unknown_backend():
 
 def test_mha_constructor_rejects_bad_config():
     with pytest.raises(ValueError, match="n_embd=30 must be divisible by n_head=4"):
-        MultiHeadAttention(30, 4, BLOCK)
+        MultiHeadAttention(30, 4)
     with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):
-        MultiHeadAttention(C, NH, BLOCK, backend="xformers")
+        MultiHeadAttention(C, NH, backend="xformers")
     assert set(CPU_BACKENDS) <= set(BACKENDS)
 
 
@@ -348,20 +356,20 @@ def test_flash_attn_package_backends_fail_clearly_on_cpu(backend):
 
 def test_flash_with_dropout_fails_clearly_when_training_on_cpu():
     torch.manual_seed(0)
-    m = MultiHeadAttention(C, NH, BLOCK, dropout=0.1, backend="flash").train()
+    m = MultiHeadAttention(C, NH, dropout=0.1, backend="flash").train()
     with pytest.raises(ValueError, match="dropout"):
         m(rand(B, 4, C))
     m.eval()  # no dropout at inference: it runs
-    assert m(rand(B, 4, C))[0].shape == (B, 4, C)
+    assert m(rand(B, 4, C)).shape == (B, 4, C)
 
 
 @pytest.mark.parametrize("backend", ["manual", "sdpa"])
 def test_dropout_is_applied_in_training_only(backend):
     torch.manual_seed(0)
-    m = MultiHeadAttention(C, NH, BLOCK, dropout=0.5, backend=backend)
+    m = MultiHeadAttention(C, NH, dropout=0.5, backend=backend)
     x = rand(B, 8, C)
     with torch.no_grad():
         m.eval()
-        torch.testing.assert_close(m(x)[0], m(x)[0], atol=0, rtol=0)
+        torch.testing.assert_close(m(x), m(x), atol=0, rtol=0)
         m.train()
-        assert not torch.allclose(m(x)[0], m(x)[0]), "dropout=0.5 in training should make outputs random"
+        assert not torch.allclose(m(x), m(x)), "dropout=0.5 in training should make outputs random"

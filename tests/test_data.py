@@ -1,5 +1,8 @@
-"""Tests for tokenizer.py and prepare.py: the offline Shakespeare corpus, both tokenizers, the
-.bin/meta.json format, and the command line. No network: every test runs with sockets blocked."""
+"""Tests for the data package: the offline Shakespeare corpus, both tokenizers, the .bin/meta.json
+format, and data/prepare.py's command line. No network: sockets are blocked in this process, and
+the scripts it starts run with the Hugging Face libraries offline."""
+import dataclasses
+import importlib
 import json
 import os
 import socket
@@ -9,10 +12,13 @@ import sys
 import numpy as np
 import pytest
 
-import tokenizer
+import data.prepare
+from data import tokenizer
+from data.loader import load_meta, open_split
+from data.prepare import PrepareConfig, main, prepare_bpe, prepare_char, prepare_char_dataset
+from data.shakespeare import shakespeare_text
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 from helpers import ROOT
-from prepare import load_meta, open_split, prepare_bpe, prepare_char, shakespeare_text
-from tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 
 FILES = ("train.bin", "val.bin", "meta.json")
 
@@ -222,9 +228,9 @@ def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
 # --- reading a data dir ----------------------------------------------------------------------
 
 def test_open_split_errors(tmp_path):
-    with pytest.raises(ValueError, match="python prepare.py"):
+    with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         open_split(str(tmp_path / "nowhere"), "train")
-    with pytest.raises(ValueError, match="python prepare.py"):
+    with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         load_meta(str(tmp_path / "nowhere"))
     (tmp_path / "train.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match="whole number"):
@@ -234,31 +240,145 @@ def test_open_split_errors(tmp_path):
         open_split(str(tmp_path), "val")
 
 
+# --- a Hugging Face dataset, char-level --------------------------------------------------------
+
+# documents of a dataset's train split: one without a final newline, an empty one, one with its own
+# newline; validation has a character ("—") that train lacks, so the vocabulary must cover both
+TRAIN_DOCS = [DOCS[1], "", DOCS[0], "The end."]
+TRAIN_TEXT = DOCS[1] + "\n" + DOCS[0] + "The end."  # a newline added where one is missing; "" skipped
+
+
+@pytest.fixture
+def jsonl_dataset(tmp_path):
+    """A local dataset directory with train and validation splits, text in column "body"."""
+    d = tmp_path / "jsonl"
+    d.mkdir()
+    (d / "train.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in TRAIN_DOCS))
+    (d / "validation.jsonl").write_text(json.dumps({"body": DOCS[2]}) + "\n")
+    return d
+
+
+def test_prepare_char_dataset(tmp_path, jsonl_dataset):
+    cache = str(tmp_path / "hf_cache")
+    out = tmp_path / "char"
+    info = prepare_char_dataset(str(out), str(jsonl_dataset), text_column="body", cache_dir=cache)
+    meta = load_meta(str(out))
+    assert meta["tokenizer"] == "char" and meta["chars"] == "".join(sorted(set(TRAIN_TEXT + DOCS[2])))
+    tok = tokenizer_from_meta(meta)
+    assert tok.decode(open_split(str(out), "train").tolist()) == TRAIN_TEXT
+    assert tok.decode(open_split(str(out), "val").tolist()) == DOCS[2]
+    assert (info["train_tokens"], info["val_tokens"]) == (len(TRAIN_TEXT), len(DOCS[2]))
+
+    # one local text file, no validation split: the last 10% of its characters
+    src = tmp_path / "one.txt"
+    src.write_text(DOCS[2], encoding="utf-8")
+    info = prepare_char_dataset(str(tmp_path / "txt"), str(src), cache_dir=cache)
+    assert info["train_tokens"] == int(0.9 * len(DOCS[2]))
+    assert tokenizer_from_meta(load_meta(str(tmp_path / "txt"))).decode(tokens(tmp_path / "txt")) == DOCS[2]
+
+
 # --- command line ----------------------------------------------------------------------------
 
-def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "prepare.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+def run_cli(*args, cwd, module=False):
+    """data/prepare.py as a process; offline, with a private datasets cache (sockets are blocked in
+    this process only, so the environment keeps datasets off the network in the child)."""
+    script = ["-m", "data.prepare"] if module else [os.path.join(ROOT, "data", "prepare.py")]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": os.path.join(str(cwd), "hf_cache")}
+    return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
-def test_cli_errors(tmp_path):
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    """main() in this process, as if `python data/prepare.py ARGS` ran in cwd: (exit status, stdout,
+    stderr). Much faster than a process, which spends seconds importing torch."""
+    def run(*args, cwd):
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", ["data/prepare.py", *args])
+        try:
+            main()
+            status = 0
+        except SystemExit as e:
+            status = e.code
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run
+
+
+def assert_one_error_line(status, stderr, expected):
+    assert status == 2, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith("error: ") and expected in stderr, stderr
+
+
+def test_cli_help_lists_every_flag(tmp_path):
+    for r in (run_cli("--help", cwd=tmp_path), run_cli("--help", cwd=ROOT, module=True)):
+        assert r.returncode == 0, r.stderr
+        for field in dataclasses.fields(PrepareConfig):
+            assert f"--{field.name}=" in r.stdout, (field.name, r.stdout)
+
+
+def test_cli_unknown_flag(tmp_path):
+    r = run_cli("--inptu=a.txt", "--out_dir=x", cwd=tmp_path)
+    assert_one_error_line(r.returncode, r.stderr, "unknown setting 'inptu' in the command line; did you mean 'input'?")
+    assert not (tmp_path / "x").exists()
+
+
+def test_import_changes_no_sys_path(monkeypatch):
+    # only `python data/prepare.py` needs the repository put on sys.path; importing must not touch it
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = list(sys.path)
+    importlib.reload(data.prepare)
+    assert sys.path == before
+
+
+def test_cli_errors(tmp_path, run_main):
+    (tmp_path / "a.txt").write_text("some text, long enough to split")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "tiny.txt").write_text("abc")
-    for args in (["--input", "missing.txt", "--out_dir", "x"],
-                 ["--input", "empty.txt", "--out_dir", "x"],
-                 ["--input", "tiny.txt", "--out_dir", "x", "--tokenizer", "char"]):
-        r = run_cli(*args, cwd=tmp_path)
-        assert r.returncode == 2, (args, r.stderr)
-        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert r.stderr.startswith("prepare.py: error: ")
+    for args, expected in (
+            (["--input=a.txt", "--dataset=a.txt", "--out_dir=x"], "--input and --dataset are two sources"),
+            (["--input=a.txt"], "--out_dir is required"),
+            (["--val_split=test"], "--val_split chooses from a --dataset"),
+            (["--input=a.txt", "--out_dir=x", "--tokenizer=bpe"], "not a valid choice"),
+            (["--input=a.txt,missing.txt", "--out_dir=x"], "no such file: missing.txt"),
+            (["--input=empty.txt", "--out_dir=x"], "the text is empty"),
+            (["--input=tiny.txt", "--out_dir=x", "--tokenizer=char"], "too short to split")):
+        status, _, err = run_main(*args, cwd=tmp_path)
+        assert_one_error_line(status, err, expected)
     assert not (tmp_path / "x" / "meta.json").exists()
 
 
-def test_cli_input_char(tmp_path):
-    (tmp_path / "a.txt").write_text("to be or not to be\n" * 5)
+def test_cli_comma_separated_input(tmp_path, run_main):
+    (tmp_path / "a.txt").write_text("to be or not to be\n" * 4 + "to be")  # no final newline
     (tmp_path / "b.txt").write_text("that is the question")
-    r = run_cli("--input", "a.txt", "b.txt", "--out_dir", "out", "--tokenizer", "char", cwd=tmp_path)
+    status, out, err = run_main("--input=a.txt,b.txt", "--out_dir=char", "--tokenizer=char", cwd=tmp_path)
+    assert status == 0, err
+    assert "char tokenizer, vocab_size" in out and os.path.join("char", "train.bin") in out
+    tok = tokenizer_from_meta(load_meta(str(tmp_path / "char")))
+    assert tok.decode(tokens(tmp_path / "char")) == "to be or not to be\n" * 4 + "to be\n" + "that is the question"
+
+    status, _, err = run_main("--input=a.txt,b.txt", "--out_dir=bpe", cwd=tmp_path)  # GPT-2 BPE: the default
+    assert status == 0, err
+    assert load_meta(str(tmp_path / "bpe"))["tokenizer"] == "gpt2"
+    assert GPT2Tokenizer().decode(tokens(tmp_path / "bpe")) == \
+        "to be or not to be\n" * 4 + "to be" + "<|endoftext|>" + "that is the question"
+
+
+def test_cli_char_dataset(tmp_path, jsonl_dataset):
+    r = run_cli(f"--dataset={jsonl_dataset}", "--text_column=body", "--tokenizer=char", "--out_dir=out",
+                cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "vocab_size" in r.stdout and os.path.join("out", "train.bin") in r.stdout
-    tok = tokenizer_from_meta(load_meta(str(tmp_path / "out")))
-    assert tok.decode(tokens(tmp_path / "out")) == "to be or not to be\n" * 5 + "that is the question"
+    meta = load_meta(str(tmp_path / "out"))
+    assert meta["tokenizer"] == "char"
+    assert tokenizer_from_meta(meta).decode(tokens(tmp_path / "out")) == TRAIN_TEXT + DOCS[2]
+    assert f"{len(TRAIN_TEXT)} train tokens, {len(DOCS[2])} val tokens" in r.stdout
+
+
+def test_cli_shakespeare_default(tmp_path, corpus):
+    r = run_cli(cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Shakespeare corpus: ")
+    d = tmp_path / "data" / "shakespeare_char"
+    assert load_meta(str(d))["tokenizer"] == "char" and len(tokens(d)) == len(corpus)

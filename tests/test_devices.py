@@ -19,7 +19,7 @@ import torch
 from attention import KVCache, MultiHeadAttention, fa2_func, fa3_func
 from checkpoint import load_checkpoint
 from helpers import check_ok, torchrun
-from mfu import GPU_PEAKS
+from model import GPU_PEAKS
 from model import GPT, GPTConfig
 
 CUDA = torch.cuda.is_available()
@@ -54,7 +54,7 @@ def rounded(t, dtype):
 def attention_pair(device, dtype, backend, C=64, n_head=4):
     """An fp32 manual reference and its low-precision twin on `backend`, with identical weights."""
     torch.manual_seed(0)
-    reference = MultiHeadAttention(C, n_head, 64, backend="manual").to(device).eval()
+    reference = MultiHeadAttention(C, n_head, backend="manual").to(device).eval()
     for p in reference.parameters():
         p.data = rounded(p.data, dtype)
     low = copy.deepcopy(reference).to(dtype)
@@ -67,7 +67,7 @@ def test_attention_matches_fp32_in_low_precision_with_gradients(device, dtype, b
     reference, low = attention_pair(device, dtype, backend)
     x = rounded(torch.randn(2, 24, 64, device=device), dtype)
     x_ref, x_low = x.clone().requires_grad_(), x.to(dtype).requires_grad_()
-    y_ref, y_low = reference(x_ref)[0], low(x_low)[0]
+    y_ref, y_low = reference(x_ref), low(x_low)
     assert y_low.dtype == dtype
     assert rel_error(y_low, y_ref) < TOLERANCE[dtype]
     r = torch.randn_like(y_ref)
@@ -82,7 +82,7 @@ def test_attention_matches_fp32_in_low_precision_with_gradients(device, dtype, b
 def test_future_inputs_get_exactly_zero_gradient_in_low_precision(device, dtype, backend):
     _, low = attention_pair(device, dtype, backend)
     x = torch.randn(2, 16, 64, device=device, dtype=dtype, requires_grad=True)
-    y = low(x)[0]
+    y = low(x)
     for t in (0, 7, 14):
         (grad,) = torch.autograd.grad(y[:, t].float().sum(), x, retain_graph=True)
         assert torch.all(grad[:, t + 1:] == 0), f"output {t} depends on later inputs"
@@ -97,10 +97,10 @@ def test_kv_cache_and_cross_attention_match_fp32_in_low_precision(device, dtype,
     with torch.no_grad():
         cache = KVCache(64)
         low(x[:, :6].to(dtype), kv_cache=cache)  # six positions cached, then four queries after them
-        cached = low(x[:, 6:].to(dtype), kv_cache=cache)[0]
-        assert rel_error(cached, reference(x)[0][:, 6:]) < TOLERANCE[dtype]
-        crossed = low(x.to(dtype), context=context.to(dtype))[0]
-        assert rel_error(crossed, reference(x, context=context)[0]) < TOLERANCE[dtype]
+        cached = low(x[:, 6:].to(dtype), kv_cache=cache)
+        assert rel_error(cached, reference(x)[:, 6:]) < TOLERANCE[dtype]
+        crossed = low(x.to(dtype), context=context.to(dtype))
+        assert rel_error(crossed, reference(x, context=context)) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("device,dtype,backend", cases())

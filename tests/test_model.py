@@ -63,14 +63,15 @@ def test_forward_returns_causal_weights_for_every_layer(backend):
     model = make_gpt(backend, n_layer=3)
     idx = rand_tokens(B, 12)
     with torch.no_grad():
-        logits_w, loss, weights = model(idx, need_weights=True)
-        logits, _ = model(idx)
+        weights = model.attention_weights(idx)
+        logits, loss = model(idx)
     assert loss is None
     assert len(weights) == 3
     for w in weights:
         assert w.shape == (B, 4, 12, 12)
         assert_causal_weights(w)
-    torch.testing.assert_close(logits_w, logits, atol=1e-5, rtol=0)
+    assert all(block.attn.weights is None and not block.attn.keep_weights for block in model.transformer.h), \
+        "attention_weights leaves the layers as they were"
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -80,13 +81,12 @@ def test_forward_weights_with_kv_cache_cover_cached_positions(backend):
     with torch.no_grad():
         cache = model.new_kv_cache()
         model(idx[:, :6], kv_cache=cache)
-        logits, _, weights = model(idx[:, 6:], kv_cache=cache, need_weights=True)
+        weights = model.attention_weights(idx[:, 6:], kv_cache=cache)
         full, _ = model(idx)
-    assert len(weights) == 2
+    assert len(weights) == 2 and cache[0].pos == 10
     for w in weights:
         assert w.shape == (B, 4, 4, 10)
         assert_causal_weights(w, q_start=6)
-    torch.testing.assert_close(logits, full[:, 6:], atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------- causality
@@ -274,7 +274,7 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
         after, _ = model(idx)
         assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
         torch.testing.assert_close(after, before, atol=1e-6, rtol=0)
-        _, _, weights = model(idx, need_weights=True)
+        weights = model.attention_weights(idx)
         for w in weights:
             assert_causal_weights(w)
         with pytest.raises(ValueError, match="block_size=8"):
@@ -377,7 +377,8 @@ def test_tiny_model_overfits_one_batch(backend):
     model = make_gpt(backend, std=0).train()  # GPT-2's own init
     idx = rand_tokens(4, 16, seed=7)
     targets = rand_tokens(4, 16, seed=8)
-    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
+    opt, = model.configure_optimizers("adamw", 1e-2, weight_decay=0.0, betas=(0.9, 0.95), muon_lr=0.0,
+                                     device_type="cpu")
     _, first = model(idx, targets)
     assert abs(first.item() - math.log(64)) < 0.5, "an untrained model should start near chance"
     for _ in range(150):
@@ -401,9 +402,21 @@ def test_loss_ignores_targets_of_minus_one():
     assert not torch.isclose(partial, loss)
 
 
+def test_loss_takes_a_sliced_target():
+    """model(x[:, :-1], x[:, 1:]): the natural call, with targets that are a non-contiguous view."""
+    model = make_gpt("manual")
+    x = rand_tokens(B, 9)
+    assert not x[:, 1:].is_contiguous()
+    with torch.no_grad():
+        _, loss = model(x[:, :-1], x[:, 1:])
+        _, expected = model(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+    assert torch.equal(loss, expected)
+
+
 def test_configure_optimizers_decays_matrices_only():
     model = make_gpt("manual", std=0)
-    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
+    opt, = model.configure_optimizers("adamw", 1e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.0,
+                                      device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -497,7 +510,7 @@ def test_variants_stay_causal_and_cache_consistent(backend, variant):
     model = make_gpt(backend, std=0.3, **VARIANTS[variant])
     idx = rand_tokens(B, 16, seed=11)
     with torch.no_grad():
-        for w in model(idx, need_weights=True)[2]:
+        for w in model.attention_weights(idx):
             assert_causal_weights(w)
         full, _ = model(idx)  # through the backend itself, not the weights path
         for t in (0, 5, 15):

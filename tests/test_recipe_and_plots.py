@@ -7,10 +7,12 @@ import matplotlib.image
 import pytest
 import torch
 
+from checkpoint import plot_losses
+from configurator import TrainConfig
+from data.prepare import prepare_char
 from model import GPT, GPTConfig
-from plots import plot_attention, plot_losses
-from prepare import prepare_char
-from train import TrainConfig, build_optimizers, learning_rate
+from sample import plot_attention
+from train import lr_multiplier
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 30
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
@@ -26,17 +28,26 @@ def assert_picture(path, min_size):
 
 
 def test_time_driven_schedule_ends_fully_decayed():
-    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10)
-    assert learning_rate(cfg, 0, 0.0) == pytest.approx(1e-3 / 11)  # warming up
-    assert learning_rate(cfg, 10, 0.0) == pytest.approx(1e-3)
-    assert learning_rate(cfg, 500, 0.5) == pytest.approx(5.5e-4)
-    assert learning_rate(cfg, 900, 1.0) == pytest.approx(1e-4)
-    assert learning_rate(cfg, 999, 1.7) == pytest.approx(1e-4)  # past the budget: stays at min_lr
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_seconds=100)
+    assert lr_multiplier(cfg, 0, 0.0) == pytest.approx(1 / 11)  # warming up
+    assert lr_multiplier(cfg, 10, 0.0) == pytest.approx(1.0)
+    assert lr_multiplier(cfg, 500, 50.0) == pytest.approx(0.55)  # half the time: halfway down the cosine
+    assert lr_multiplier(cfg, 900, 100.0) == pytest.approx(0.1)  # min_lr / learning_rate
+    assert lr_multiplier(cfg, 999, 170.0) == pytest.approx(0.1)  # past the budget: stays at min_lr
+
+
+def test_iteration_schedule_decays_over_lr_decay_iters():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_seconds=0, max_iters=1000,
+                      lr_decay_iters=110)
+    assert lr_multiplier(cfg, 60, 0.0) == pytest.approx(0.55)  # half of the 100 decay iterations
+    assert lr_multiplier(cfg, 110, 0.0) == pytest.approx(0.1)
+    assert lr_multiplier(cfg, 500, 0.0) == pytest.approx(0.1)
 
 
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    adamw, muon = build_optimizers(model, TrainConfig(optimizer="muon"), "cpu")
+    adamw, muon = model.configure_optimizers("muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
+                                             device_type="cpu")
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     in_adamw = {id(p) for g in adamw.param_groups for p in g["params"]}

@@ -29,7 +29,7 @@ import torch
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
 from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV
 from model import GPT, GPTConfig
-from prepare import prepare_char
+from data.prepare import prepare_char
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
 TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
@@ -249,7 +249,7 @@ def test_wrapped_checkpoint_loads_into_plain_gpt(tmp_path, wrapper):
 
 def test_sample_loads_a_wrapped_checkpoint(tmp_path):
     from sample import SampleConfig, load_model
-    from tokenizer import CharTokenizer
+    from data.tokenizer import CharTokenizer
     tok = CharTokenizer(TEXT)
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)
     trained = GPT(cfg)
@@ -298,8 +298,8 @@ SIGNAL_DURING_AGREEMENT = """
 import os, signal, sys
 import torch
 import torch.distributed as dist
-from configurator import load_config
-from train import TrainConfig, main, shut_down_distributed
+from configurator import TrainConfig, load_config
+from train import main
 
 real_all_reduce = dist.all_reduce
 
@@ -315,7 +315,6 @@ def all_reduce(tensor, *args, **kwargs):  # rank 1 gets SIGTERM while the ranks 
 all_reduce.signalled = False
 dist.all_reduce = all_reduce
 main(load_config(TrainConfig, sys.argv[1:]))
-shut_down_distributed()
 """
 
 

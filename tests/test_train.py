@@ -150,7 +150,7 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     with the same command line."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from prepare import prepare_bpe
+    from data.prepare import prepare_bpe
 
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=50257))
@@ -195,7 +195,7 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
 
 @pytest.fixture(scope="module")
 def TrainConfig():
-    from train import TrainConfig  # imported here so a broken train.py fails these tests, not collection
+    from configurator import TrainConfig  # imported here so a broken module fails these tests, not collection
     return TrainConfig
 
 

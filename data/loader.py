@@ -1,0 +1,58 @@
+"""
+Reading a prepared data dir: meta.json (which tokenizer made the tokens), train.bin / val.bin as
+read-only memmaps of uint16 token ids, and random training batches drawn from them.
+"""
+import json
+import os
+
+import numpy as np
+import torch
+
+DTYPE = np.uint16  # token ids on disk; both vocabularies (<= 65536 ids) fit
+
+
+def load_meta(data_dir):
+    """The meta dict of a prepared data dir (see data.tokenizer.tokenizer_from_meta)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"no meta.json in {data_dir}: it was never prepared or the preparation was "
+                         f"interrupted; run `python data/prepare.py` (Shakespeare) or "
+                         f"`python data/prepare.py --input=FILE --out_dir={data_dir}`")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def open_split(data_dir, split):
+    """train.bin / val.bin of data_dir as a read-only uint16 memmap."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
+                         f"into data/shakespeare_char) or `python data/prepare.py --input=FILE --out_dir={data_dir}`")
+    size = os.path.getsize(path)
+    itemsize = np.dtype(DTYPE).itemsize
+    if size == 0 or size % itemsize:
+        raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of uint16 tokens: it is damaged "
+                         "or from an interrupted run; prepare the data again")
+    return np.memmap(path, dtype=DTYPE, mode="r")
+
+
+class Batches:
+    """Random windows of the token stream. At each optimizer step one generator, seeded the same on
+    every rank, draws offsets for all micro-steps of all ranks; rank r takes its own slice, so ranks
+    never read the same batch and N ranks see exactly what 1 rank sees over N micro-steps."""
+
+    def __init__(self, data, block_size, batch_size, seed, device):
+        self.data, self.block_size, self.batch_size, self.device = data, block_size, batch_size, device
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def offsets(self, n_batches):
+        """(n_batches, batch_size) random start positions: one row per batch."""
+        return torch.randint(len(self.data) - self.block_size, (n_batches, self.batch_size), generator=self.generator)
+
+    def load(self, offsets):
+        """Inputs x and next-token targets y, each (batch_size, block_size), read in one gather."""
+        rows = torch.from_numpy(self.data[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))
+        x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        if self.device.startswith("cuda"):  # pinned memory lets the copy overlap with compute
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)

@@ -1,0 +1,437 @@
+"""
+Data preparation: turn text into train.bin / val.bin (uint16 token ids, read back with np.memmap by
+data/loader.py) plus meta.json (which tokenizer made them). Everything works offline by default.
+
+    python data/prepare.py                                        # Shakespeare, characters -> data/shakespeare_char
+    python data/prepare.py --tokenizer=gpt2                       # Shakespeare, GPT-2 BPE -> data/shakespeare
+    python data/prepare.py --input=a.txt,b.txt --out_dir=data/mytext [--tokenizer=char]
+    python data/prepare.py --dataset=NAME_OR_LOCAL_FILES --out_dir=data/mydata [--tokenizer=char]
+    python data/prepare.py --help                                 # every setting and its default
+
+Settings: the PrepareConfig dataclass below; a TOML file overrides it; --key=value overrides both,
+as for train.py and sample.py. `python -m data.prepare ...` works the same.
+
+Documents (files, or rows of a dataset's text column) are joined with <|endoftext|> for GPT-2 BPE,
+and for characters one after another, with a newline added after any that does not end with one.
+Validation is a dataset's --val_split, else its own "validation" split, else the last 10% of the tokens.
+
+A data dir is complete only once meta.json exists: it is deleted first and written last, and every
+file is written under a temporary name and renamed into place, so an interrupted run never leaves
+a complete-looking half file.
+"""
+import glob
+import json
+import os
+import socket
+import sys
+import uuid
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import numpy as np
+from tqdm.auto import tqdm
+
+if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; the repository's modules live one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
+from data.loader import DTYPE  # noqa: E402
+from data.shakespeare import SHAKESPEARE_PLAYS, shakespeare_text  # noqa: E402
+from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
+
+VAL_FRACTION = 0.1
+MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
+SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing a data dir
+
+def _tmp_path(path):
+    # in the same directory as the target, so os.replace is an atomic rename on one filesystem;
+    # created with open() rather than mkstemp so it gets the usual permissions (mkstemp's are 0600)
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    open(tmp, "xb").close()
+    return tmp
+
+
+def _staging(out_dir):
+    """Temporary files to write train.bin / val.bin into, next to their final names."""
+    os.makedirs(out_dir, exist_ok=True)
+    return {name: _tmp_path(os.path.join(out_dir, name)) for name in ("train.bin", "val.bin")}
+
+
+def _publish(out_dir, staged, meta):
+    """Rename the finished files into place. meta.json marks a complete data dir, so it is removed
+    before the first rename and written last: a crash in between leaves no meta.json rather than a
+    mix of old and new files that looks complete. A run that fails earlier leaves out_dir as it was."""
+    for tmp in staged.values():
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    meta_path = os.path.join(out_dir, "meta.json")
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    for name, tmp in staged.items():
+        os.replace(tmp, os.path.join(out_dir, name))
+    tmp = _tmp_path(meta_path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, meta_path)
+
+
+def _discard(staged):
+    for tmp in staged.values():
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _split_point(n):
+    n_train = int(n * (1 - VAL_FRACTION))
+    if n_train < MIN_SPLIT_TOKENS or n - n_train < MIN_SPLIT_TOKENS:
+        raise ValueError(f"text too short to split: {n} tokens give {n_train} train / {n - n_train} val "
+                         f"tokens, need at least {MIN_SPLIT_TOKENS} in each")
+    return n_train
+
+
+def _check_split_sizes(n_train, n_val):
+    if min(n_train, n_val) < MIN_SPLIT_TOKENS:
+        raise ValueError(f"too little text: {n_train} train / {n_val} val tokens, need at least "
+                         f"{MIN_SPLIT_TOKENS} in each")
+
+
+def _summary(out_dir, meta, n_train, n_val):
+    return {"out_dir": out_dir, "vocab_size": meta["vocab_size"], "tokenizer": meta["tokenizer"],
+            "train_tokens": n_train, "val_tokens": n_val,
+            "paths": [os.path.join(out_dir, f) for f in ("train.bin", "val.bin", "meta.json")]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Documents: local files, or a Hugging Face dataset
+
+def _existing_files(files):
+    """files (or one path) as a list, every one checked to exist before any is read, so a missing
+    file fails at once rather than after the others have been processed."""
+    files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not files:
+        raise ValueError("no input files")
+    for path in files:
+        if not os.path.isfile(path):
+            raise ValueError(f"no such file: {path}")
+    return files
+
+
+def _read_text_file(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, expected a text file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _nonempty_documents(docs):
+    """docs without the empty ones; a value that is not text (a None in a dataset column) is an error."""
+    for doc in docs:
+        if not isinstance(doc, str):
+            raise ValueError(f"expected text documents, got {type(doc).__name__}")
+        if doc:
+            yield doc
+
+
+# File types a local --dataset may have, and the datasets builder that reads each. (A file named
+# on its own may have any other suffix and is read as text; a directory's README.md is skipped.)
+_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv",
+             ".parquet": "parquet"}
+
+
+def _local_data_files(dataset):
+    """{split: [files]} for a local --dataset (file, glob or directory), or None for a Hub name.
+    A directory's files go to splits by name as datasets does it (train.jsonl, validation.jsonl,
+    ...); files with no split in their name are all "train"."""
+    if os.path.isfile(dataset):
+        return {"train": [dataset]}
+    if glob.has_magic(dataset):
+        files = sorted(f for f in glob.glob(dataset, recursive=True) if os.path.isfile(f))
+        if not files:
+            raise ValueError(f"no files match {dataset}")
+        return {"train": files}
+    if os.path.isdir(dataset):
+        from datasets.data_files import DataFilesDict, get_data_patterns
+
+        found = DataFilesDict.from_patterns(get_data_patterns(dataset), base_path=dataset)
+        splits = {str(split): sorted(f for f in files if Path(f).suffix in _BUILDERS)
+                  for split, files in found.items()}
+        splits = {split: files for split, files in splits.items() if files}
+        if not splits:
+            raise ValueError(f"{dataset} holds no {'/'.join(_BUILDERS)} files")
+        return splits
+    if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")):
+        raise ValueError(f"no such file: {dataset}")
+    return None  # a Hub name like "karpathy/tiny_shakespeare"
+
+
+def _check_hub_reachable(name, timeout=5.0):
+    """Fail fast when offline. Without this, datasets retries for ~25 s (minutes if packets are
+    dropped rather than refused) before giving up on an unreachable Hub."""
+    env = os.environ
+    if any(env.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")):
+        return  # offline mode: datasets looks only in the local cache, and fails fast itself
+    if any(env.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return  # a direct connection says nothing about the proxy; let datasets try
+    url = urlparse(env.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"cannot reach the Hugging Face Hub ({host}:{port}: {e}) to load dataset {name!r}; "
+                         "use local files (--input=FILE or --dataset=PATH), or set HF_DATASETS_OFFLINE=1 "
+                         "to load it from your Hugging Face cache") from None
+
+
+def load_text_dataset(dataset, cache_dir=None):
+    """A datasets.DatasetDict from a Hub name or local files. Local text files give one document
+    per file (sample_by="document"), like --input, not one per line."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("--dataset needs the datasets package: pip install -r requirements.txt") from None
+    try:
+        files = _local_data_files(dataset)
+        if files is not None:
+            kinds = {_BUILDERS.get(Path(f).suffix, "text") for split in files.values() for f in split}
+            if len(kinds) > 1:
+                raise ValueError(f"{dataset} mixes file types ({', '.join(sorted(kinds))}); use one kind")
+            builder = kinds.pop()
+            extra = {"sample_by": "document"} if builder == "text" else {}
+            return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **extra)
+        _check_hub_reachable(dataset)
+        return datasets.load_dataset(dataset, cache_dir=cache_dir)
+    except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
+        def first_line(err):
+            return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        why = first_line(e) + (f" ({first_line(e.__cause__)})" if e.__cause__ is not None else "")
+        raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
+
+
+def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
+    """(train, validation) splits of a dataset, both checked to have text_column. Validation is
+    val_split if given, else the dataset's own "validation" split, else None: cut from train."""
+    dd = load_text_dataset(dataset, cache_dir=cache_dir)
+    if split not in dd:
+        raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)})")
+    if val_split is None and "validation" in dd and split != "validation":
+        val_split = "validation"
+    if val_split is not None and val_split not in dd:
+        raise ValueError(f"dataset {dataset!r} has no split {val_split!r} (it has: {', '.join(dd)})")
+    for name in (split, val_split):
+        if name is not None and text_column not in dd[name].column_names:
+            raise ValueError(f"split {name!r} of {dataset!r} has no column {text_column!r} "
+                             f"(columns: {', '.join(dd[name].column_names)}); pick one with --text_column")
+    return dd[split], dd[val_split] if val_split is not None else None
+
+
+def _column_docs(ds, text_column):
+    for batch in ds.iter(batch_size=1000):  # batches: reading rows one by one is slow
+        yield from batch[text_column]
+
+
+# ----------------------------------------------------------------------------------------------
+# Characters
+
+def _join_documents(docs):
+    """One text from documents, in order, with a newline after any that lacks one so that the last
+    line of one document and the first of the next don't fuse. Empty documents are skipped."""
+    docs = list(_nonempty_documents(docs))
+    return "".join(doc if doc.endswith("\n") or i == len(docs) - 1 else doc + "\n" for i, doc in enumerate(docs))
+
+
+def prepare_char(text, out_dir, val_text=None):
+    """Character-level train.bin / val.bin and meta.json: val.bin from val_text if given, else the
+    last 10% of text. The vocabulary is every character of both, so validation has no unknown ones."""
+    if not text:
+        raise ValueError("the text is empty")
+    tok = CharTokenizer(text if val_text is None else text + val_text)
+    if tok.vocab_size > np.iinfo(DTYPE).max + 1:
+        raise ValueError(f"{tok.vocab_size} distinct characters do not fit in uint16 token ids")
+    if val_text is None:
+        n_train = _split_point(len(text))
+        text, val_text = text[:n_train], text[n_train:]
+    else:
+        _check_split_sizes(len(text), len(val_text))
+    train_ids = np.array(tok.encode(text), dtype=DTYPE)
+    val_ids = np.array(tok.encode(val_text), dtype=DTYPE)
+    meta = tok.meta()
+    staged = _staging(out_dir)
+    try:
+        train_ids.tofile(staged["train.bin"])
+        val_ids.tofile(staged["val.bin"])
+        _publish(out_dir, staged, meta)
+    finally:
+        _discard(staged)
+    return _summary(out_dir, meta, len(train_ids), len(val_ids))
+
+
+def prepare_shakespeare_char(out_dir=SHAKESPEARE_CHAR_DIR):
+    return prepare_char(shakespeare_text(), out_dir)
+
+
+def prepare_char_dataset(out_dir, dataset, *, split="train", text_column="text", val_split=None, cache_dir=None):
+    """Character-level data dir from a Hugging Face dataset (Hub name, or local file/dir/glob): the
+    documents of column text_column joined as _join_documents does, validation as in prepare_bpe."""
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
+    val_text = _join_documents(_column_docs(val_ds, text_column)) if val_ds is not None else None
+    return prepare_char(_join_documents(_column_docs(train_ds, text_column)), out_dir, val_text)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPT-2 BPE
+
+def _stream_tokens(docs, f, total=None, desc="tokenizing", batch_size=256):
+    """Encode documents, joined by <|endoftext|>, appending uint16 ids to the open file f.
+    Empty documents are skipped. Returns the number of tokens written."""
+    enc = gpt2_encoding()
+    n_tokens = 0
+    first = True
+    batch = []
+
+    def flush():
+        nonlocal n_tokens, first
+        # tiktoken's batch encoder runs its threads outside the GIL: parallel without processes
+        for ids in enc.encode_ordinary_batch(batch, num_threads=os.cpu_count() or 1):
+            if not first:
+                ids = [GPT2_EOT] + ids
+            first = False
+            np.asarray(ids, dtype=DTYPE).tofile(f)
+            n_tokens += len(ids)
+        batch.clear()
+
+    # disable=None: a progress bar on a terminal, silence in logs and tests
+    for doc in _nonempty_documents(tqdm(docs, total=total, desc=desc, unit="doc", disable=None)):
+        batch.append(doc)
+        if len(batch) == batch_size:
+            flush()
+    if batch:
+        flush()
+    return n_tokens
+
+
+def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=None):
+    """train.bin from train_docs; val.bin from val_docs, or the last 10% of train's tokens."""
+    meta = GPT2Tokenizer().meta()
+    staged = _staging(out_dir)
+    train_tmp, val_tmp = staged["train.bin"], staged["val.bin"]
+    try:
+        # tokens stream straight to disk, so a corpus larger than memory is fine
+        with open(train_tmp, "wb") as f:
+            n_all = _stream_tokens(train_docs, f, total=train_total, desc="train")
+        if n_all == 0:
+            raise ValueError("the text is empty")
+        if val_docs is not None:
+            with open(val_tmp, "wb") as f:
+                n_val = _stream_tokens(val_docs, f, total=val_total, desc="val")
+            n_train = n_all
+            _check_split_sizes(n_train, n_val)
+        else:
+            n_train = _split_point(n_all)
+            n_val = n_all - n_train
+            itemsize = np.dtype(DTYPE).itemsize
+            np.fromfile(train_tmp, dtype=DTYPE, offset=n_train * itemsize).tofile(val_tmp)
+            os.truncate(train_tmp, n_train * itemsize)
+        _publish(out_dir, staged, meta)
+    finally:
+        _discard(staged)
+    return _summary(out_dir, meta, n_train, n_val)
+
+
+def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train", text_column="text",
+                val_split=None, cache_dir=None):
+    """GPT-2 BPE train.bin / val.bin and meta.json from exactly one source:
+      files:   local UTF-8 text files, one document each;
+      texts:   strings, one document each;
+      dataset: a Hugging Face dataset (Hub name, or local file/dir/glob), column text_column of split.
+    Documents are joined with <|endoftext|> (50256). Validation is val_split of the dataset if given,
+    else the dataset's own "validation" split if it has one, else the last 10% of the tokens."""
+    if sum(x is not None for x in (files, texts, dataset)) != 1:
+        raise ValueError("give exactly one of files, texts or dataset")
+    if files is not None:
+        files = _existing_files(files)
+        return _write_bpe(out_dir, (_read_text_file(p) for p in files), train_total=len(files))
+    if texts is not None:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        return _write_bpe(out_dir, texts, train_total=len(texts))
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
+    if val_ds is None:
+        return _write_bpe(out_dir, _column_docs(train_ds, text_column), train_total=len(train_ds))
+    return _write_bpe(out_dir, _column_docs(train_ds, text_column), _column_docs(val_ds, text_column),
+                      train_total=len(train_ds), val_total=len(val_ds))
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line
+
+@dataclass
+class PrepareConfig:
+    input: str = ""  # local UTF-8 text files, comma-separated, one document each
+    dataset: str = ""  # a Hugging Face dataset: a Hub name, or a local .txt/.json/.jsonl/.csv/.parquet file, directory or glob
+    out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": data/shakespeare_char, or data/shakespeare with gpt2
+    tokenizer: Literal["auto", "char", "gpt2"] = "auto"  # auto: char for Shakespeare, gpt2 for --input/--dataset
+    split: str = "train"  # the --dataset split to train on
+    val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any, else the last 10%
+    text_column: str = "text"  # the --dataset column that holds the text
+
+    def __post_init__(self):
+        if self.input and self.dataset:
+            raise ValueError("--input and --dataset are two sources of text; give one of them")
+        if (self.input or self.dataset) and not self.out_dir:
+            raise ValueError("--out_dir is required with --input or --dataset")
+        dataset_only = [f.name for f in fields(self) if f.name in ("split", "val_split", "text_column")
+                        and getattr(self, f.name) != f.default]
+        if dataset_only and not self.dataset:
+            raise ValueError(f"--{dataset_only[0]} chooses from a --dataset, and none was given")
+
+
+def prepare(cfg):
+    """Write the data dir that cfg describes; the summary of what was written."""
+    tokenizer = cfg.tokenizer
+    if tokenizer == "auto":
+        tokenizer = "gpt2" if cfg.input or cfg.dataset else "char"
+    if cfg.dataset:
+        source = {"split": cfg.split, "text_column": cfg.text_column, "val_split": cfg.val_split or None}
+        if tokenizer == "char":
+            return prepare_char_dataset(cfg.out_dir, cfg.dataset, **source)
+        return prepare_bpe(cfg.out_dir, dataset=cfg.dataset, **source)
+    if cfg.input:
+        files = [path.strip() for path in cfg.input.split(",") if path.strip()]
+        if tokenizer == "char":
+            return prepare_char(_join_documents(map(_read_text_file, _existing_files(files))), cfg.out_dir)
+        return prepare_bpe(cfg.out_dir, files=files)
+    text = shakespeare_text()
+    print(f"Shakespeare corpus: {len(text):,} characters, {len(set(text))} distinct, "
+          f"from {len(SHAKESPEARE_PLAYS)} plays")
+    if tokenizer == "char":
+        return prepare_char(text, cfg.out_dir or SHAKESPEARE_CHAR_DIR)
+    return prepare_bpe(cfg.out_dir or "data/shakespeare", texts=[text])
+
+
+def main():
+    cfg = config_from_argv(PrepareConfig)
+    try:
+        info = prepare(cfg)
+    except (ValueError, OSError) as e:
+        fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
+    print(f"{info['tokenizer']} tokenizer, vocab_size {info['vocab_size']:,}: "
+          f"{info['train_tokens']:,} train tokens, {info['val_tokens']:,} val tokens")
+    for path in info["paths"]:
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
