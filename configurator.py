@@ -106,7 +106,7 @@ def help_text(cls):
     hints, defaults, comments = typing.get_type_hints(cls), cls(), field_comments(cls)
     flags = {f.name: f"--{f.name}={as_typed(getattr(defaults, f.name))}" for f in dataclasses.fields(cls)}
     width = max(map(len, flags.values()))
-    lines = [f"usage: python {os.path.basename(sys.argv[0])} [config.toml ...] [--key=value ...]",
+    lines = [f"usage: python {os.path.relpath(sys.argv[0])} [config.toml ...] [--key=value ...]",
              "A TOML file overrides the defaults below; --key=value overrides both.", ""]
     lines += [f"  {flag:<{width}}  {comments.get(name, '')} [{type_name(hints[name])}]" for name, flag in flags.items()]
     return "\n".join(lines)
@@ -126,6 +126,8 @@ def load_config(cls, argv):
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")
 
+    for arg in [a for a in argv if a.startswith("--") and "=" not in a]:  # before files: `--input a.txt` is this
+        raise ConfigError(f"write flags as --key=value (e.g. {arg}=...), got {arg!r}")
     values = {}
     for path in [a for a in argv if not a.startswith("--")]:  # files first, so flags win
         if not os.path.isfile(path):
@@ -140,9 +142,7 @@ def load_config(cls, argv):
             check_key(key, path)
             values[key] = convert(key, hints[key], value, from_text=False)
     for arg in [a for a in argv if a.startswith("--")]:
-        key, eq, raw = arg[2:].partition("=")
-        if not eq:
-            raise ConfigError(f"write flags as --key=value, got {arg!r}")
+        key, _, raw = arg[2:].partition("=")
         check_key(key, "the command line")
         values[key] = convert(key, hints[key], raw, from_text=True)
     try:

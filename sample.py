@@ -84,6 +84,7 @@ def draw_attention(model, tokenizer, ids, cfg):
 
 
 def main(cfg):
+    """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
     try:
         device = pick_device(cfg.device)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
@@ -97,14 +98,19 @@ def main(cfg):
             raise ValueError("the prompt is empty; give at least one character with --start=...")
     except (ValueError, OSError) as e:
         fail(e)
-
     model.eval().to(device)
     if cfg.attention_map:
         draw_attention(model, tokenizer, ids, cfg)
-        return
+    else:
+        write_samples(model, tokenizer, prompt, ids, cfg, dtype)
+
+
+def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
+    """num_samples continuations of the prompt, each streamed to stdout token by token."""
+    device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
-    autocast = torch.autocast(device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     for _ in range(cfg.num_samples):
         sys.stdout.write(prompt)
         pending = []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete

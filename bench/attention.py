@@ -10,9 +10,9 @@ Time: at each T the backends run interleaved (manual, sdpa, flash, manual, sdpa,
 `repeats` rounds after a warm-up, and the median is reported, so load on a shared machine hits every
 backend alike. Each sample is at least min_sample_s long (several back-to-back calls for small T).
 
-Peak memory: the growth above a baseline taken after the module, its causal-mask buffer and the
-inputs exist, so it counts the activations saved for backward, the temporaries, the output and the
-gradients of one forward + backward.
+Peak memory: the growth above a baseline taken after the module and the inputs exist, so it counts
+the activations saved for backward, the temporaries (the manual path's causal mask among them), the
+output and the gradients of one forward + backward.
   CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, in this process, on a call
         after the warm-up (so cuBLAS workspaces are not counted).
   CPU:  there is no allocator counter, so each (backend, T) runs in a fresh subprocess of this script
@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 
 import attention as attn_mod
-from attention import MultiHeadAttention, check_backend
+from attention import BACKENDS, MultiHeadAttention, check_backend
 from bench.benchutil import (default_out, fail, fmt, machine_info, md_table, parse, print_machine, resolve_device,
                              set_threads, split_list, summary, timed, write_json)
 
@@ -55,19 +55,19 @@ CHECK_RATIO = 0.1
 
 @dataclass
 class AttentionBench:
-    seq_lens: str = "128,256,512,1024,2048,4096,8192"  # comma-separated
+    seq_lens: str = "128,256,512,1024,2048,4096,8192"  # sequence lengths T, comma-separated
     backends: str = "auto"  # comma-separated; auto: manual,sdpa,flash and fa2/fa3 where they can run
-    batch_size: int = 1
-    n_embd: int = 128
-    n_head: int = 4
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "auto"
+    batch_size: int = 1  # sequences per call
+    n_embd: int = 128  # width of the input and output
+    n_head: int = 4  # attention heads
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # dtype of the module and inputs (no autocast)
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     repeats: int = 5  # interleaved timing rounds per T; the median is reported
     min_sample_s: float = 0.02  # each timing sample runs back-to-back calls until at least this long
     time_budget: float = 20.0  # seconds for one forward + backward; above it a backend stops growing T
     memory: bool = True  # measure peak memory (on CPU: one subprocess per backend and T)
     threads: int = 0  # torch threads; 0: torch's default
-    seed: int = 0
+    seed: int = 0  # for the weights and inputs
     out: str = ""  # JSON path; "": bench/results/attention-<device>.json
     single: str = ""  # internal: "backend:T" measures one point (CPU peak memory) and prints JSON
 
@@ -82,20 +82,29 @@ class AttentionBench:
 
 
 def make_case(cfg, backend, T, device):
-    """(step function, module, inputs): one causal self-attention forward + backward at length T."""
+    """A step function: one causal self-attention forward + backward at length T. The module and its
+    inputs are built here and live exactly as long as the function does (its closure holds them), so
+    a caller measures memory above them while it holds `step`, and frees them by dropping it."""
     dtype = getattr(torch, cfg.dtype)
     torch.manual_seed(cfg.seed)
-    mha = MultiHeadAttention(cfg.n_embd, cfg.n_head, block_size=T, backend=backend).to(device, dtype)
+    mha = MultiHeadAttention(cfg.n_embd, cfg.n_head, backend=backend).to(device, dtype)
     x = torch.randn(cfg.batch_size, T, cfg.n_embd, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
 
     def step():
         mha.zero_grad(set_to_none=True)  # every call allocates the same gradients, none accumulate
         x.grad = None
-        y, _ = mha(x)
-        y.backward(grad)
+        mha(x).backward(grad)
 
-    return step, mha, x
+    return step
+
+
+def warm_up_autograd(device, dtype):
+    """The first backward() given an explicit gradient imports modules (torch.fx's symbolic shapes and
+    sympy: ~35 MiB and ~0.7 s under torch 2.13). Pay that once, before any baseline or timing, so neither
+    the peak memory of a call nor the calibration of the first case counts an import."""
+    w = torch.ones(2, device=device, dtype=dtype, requires_grad=True)
+    (w * 2).backward(torch.ones_like(w))
 
 
 def is_oom(e):
@@ -121,7 +130,8 @@ def single(cfg):
     device = resolve_device(cfg.device)
     set_threads(cfg.threads)
     try:
-        step, mha, x = make_case(cfg, backend, T, device)
+        warm_up_autograd(device, getattr(torch, cfg.dtype))
+        step = make_case(cfg, backend, T, device)  # the baseline below includes its module and inputs
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # reset VmHWM to the current RSS
@@ -197,7 +207,7 @@ def available_backends(cfg, device):
     kind = device.split(":")[0]
     dtype = getattr(torch, cfg.dtype)
     if cfg.backends != "auto":
-        return split_list(cfg.backends, "backends", allowed=attn_mod.BACKENDS)
+        return split_list(cfg.backends, "backends", allowed=BACKENDS)
     names = ["manual", "sdpa", "flash"]
     for extra in ("fa2", "fa3"):
         try:
@@ -217,24 +227,77 @@ def flash_kernel(device, dtype):
     return "fa3" if fn is not None and fn is attn_mod.fa3_func else "fa2" if fn is not None else "pytorch"
 
 
-def main(cfg):
-    if cfg.single:
-        return single(cfg)
-    device = resolve_device(cfg.device)
-    kind = device.split(":")[0]
-    set_threads(cfg.threads)
-    dtype = getattr(torch, cfg.dtype)
-    seq_lens = split_list(cfg.seq_lens, "seq_lens", int)
-    if any(t < 1 for t in seq_lens):
-        fail("seq_lens must be positive integers")
-    backends = available_backends(cfg, device)
-    info = machine_info(device)
-    print_machine(info)
-    print(f"causal self-attention forward+backward | B={cfg.batch_size} n_embd={cfg.n_embd} n_head={cfg.n_head} "
-          f"dtype={cfg.dtype} | backends {', '.join(backends)} (flash -> {flash_kernel(device, dtype)}) | "
-          f"median of {cfg.repeats} interleaved rounds | peak memory: "
-          f"{'not measured (--memory=false)' if not cfg.memory else 'max_memory_allocated' if kind == 'cuda' else 'peak RSS growth in a fresh subprocess' if kind == 'cpu' else 'not measured'}")
+def cpu_memory_point(cfg, b, T, rec):
+    """CPU peak memory (and one cold call's time) of (b, T) from a child process, into rec; False
+    when the point failed or was too slow there, so the backend stops growing T."""
+    point = child_point(cfg, b, T)
+    rec.update(peak_bytes=point.get("peak_bytes"), memory_method=point.get("method"),
+               cold_seconds=point.get("seconds"))
+    if point["status"] != "ok":
+        rec.update(status=point["status"], message=point.get("message"))
+        return False
+    if point["seconds"] > cfg.time_budget:
+        rec.update(status="slow", message=f"one call took {point['seconds']:.1f} s > time_budget")
+        return False
+    return True
 
+
+def prepare_point(cfg, b, T, device):
+    """(record, step function or None): backend b at length T measured for memory, warmed up and
+    calibrated (calls per timing sample), ready for the interleaved timing; None when it failed or was
+    over time_budget, which the record says. A failed case's tensors are freed when this returns."""
+    kind = device.split(":")[0]
+    rec = {"status": "ok"}
+    if cfg.memory and kind == "cpu" and not cpu_memory_point(cfg, b, T, rec):
+        return rec, None
+    try:
+        step = make_case(cfg, b, T, device)
+        first = timed(step, device)  # warm-up: kernel choice, thread pools, workspaces
+        if cfg.memory and kind == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            first = timed(step, device)
+            rec.update(peak_bytes=torch.cuda.max_memory_allocated(device) - base,
+                       memory_method="torch.cuda.max_memory_allocated")
+    except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
+        rec.update(status="oom" if is_oom(e) else "error",
+                   message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300])
+        return rec, None
+    if first > cfg.time_budget:
+        rec.update(status="slow", time={"median": first, "min": first, "max": first, "n": 1},
+                   message=f"one call took {first:.1f} s > time_budget")
+        return rec, None
+    if first < cfg.min_sample_s:  # calibrate on the fastest of a few calls: one can hit a stall
+        first = min(first, *(timed(step, device) for _ in range(3)))
+    rec["inner"] = max(1, math.ceil(cfg.min_sample_s / max(first, 1e-9)))
+    return rec, step
+
+
+def time_interleaved(cfg, live, device, stopped, T):
+    """`repeats` rounds of one timing sample of each live backend ({backend: (step, record)}), then
+    each record's summary; a backend that fails or is over time_budget stops growing T."""
+    samples = {b: [] for b in live}
+    for _ in range(cfg.repeats):
+        for b, (step, rec) in live.items():
+            if rec["status"] != "ok":
+                continue
+            try:
+                samples[b].append(timed(step, device, rec["inner"]))
+            except Exception as e:  # noqa: BLE001
+                rec.update(status="oom" if is_oom(e) else "error",
+                           message=f"{type(e).__name__} while timing: {(str(e).splitlines() or [''])[0]}"[:300])
+                stopped[b] = f"{rec['status']} at T={T}"
+    for b, (step, rec) in live.items():
+        if rec["status"] != "ok":
+            continue
+        rec["time"] = summary(samples[b])
+        if rec["time"]["median"] > cfg.time_budget:
+            stopped[b] = f"slow at T={T}"
+
+
+def sweep(cfg, device, backends, seq_lens):
+    """{backend: {T: record}}: every backend at every T, until it fails or gets too slow."""
+    kind, dtype = device.split(":")[0], getattr(torch, cfg.dtype)
     results = {b: {} for b in backends}  # backend -> T -> record
     stopped = {}  # backend -> why it stopped growing T
     for b in backends:
@@ -243,81 +306,47 @@ def main(cfg):
         except ValueError as e:
             stopped[b] = f"unsupported: {e}"
     for T in seq_lens:
-        live = {}
+        live = {}  # backend -> (step, record): the cases timed at this T
         for b in backends:
             if b in stopped:
                 results[b][T] = {"status": "skipped", "message": stopped[b]}
                 continue
-            rec = {"status": "ok"}
-            # peak memory (and one cold call's time, on CPU)
-            if cfg.memory and kind == "cpu":
-                point = child_point(cfg, b, T)
-                rec.update(peak_bytes=point.get("peak_bytes"), memory_method=point.get("method"),
-                           cold_seconds=point.get("seconds"))
-                if point["status"] != "ok":
-                    rec.update(status=point["status"], message=point.get("message"))
-                    stopped[b] = f"{point['status']} at T={T}"
-                    results[b][T] = rec
-                    continue
-                if point["seconds"] > cfg.time_budget:
-                    rec.update(status="slow", message=f"one call took {point['seconds']:.1f} s > time_budget")
-                    stopped[b] = f"slow at T={T}"
-                    results[b][T] = rec
-                    continue
-            try:
-                step, mha, x = make_case(cfg, b, T, device)
-                first = timed(step, device)  # warm-up: kernel choice, thread pools, workspaces
-                if cfg.memory and kind == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                    base = torch.cuda.memory_allocated(device)
-                    first = timed(step, device)
-                    rec.update(peak_bytes=torch.cuda.max_memory_allocated(device) - base,
-                               memory_method="torch.cuda.max_memory_allocated")
-            except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
-                rec.update(status="oom" if is_oom(e) else "error",
-                           message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300])
-            if rec["status"] != "ok":  # outside the except: its traceback no longer pins the tensors
-                stopped[b] = f"{rec['status']} at T={T}"
-                results[b][T] = rec
-                step = mha = x = None
-                if kind == "cuda":
+            results[b][T], step = prepare_point(cfg, b, T, device)
+            if step is None:
+                stopped[b] = f"{results[b][T]['status']} at T={T}"
+                if kind == "cuda":  # what the failed case held is free now
                     torch.cuda.empty_cache()
-                continue
-            if first > cfg.time_budget:
-                rec.update(status="slow", time={"median": first, "min": first, "max": first, "n": 1},
-                           message=f"one call took {first:.1f} s > time_budget")
-                stopped[b] = f"slow at T={T}"
-                results[b][T] = rec
-                continue
-            if first < cfg.min_sample_s:  # calibrate on the fastest of a few calls: one can hit a stall
-                first = min(first, *(timed(step, device) for _ in range(3)))
-            rec["inner"] = max(1, math.ceil(cfg.min_sample_s / max(first, 1e-9)))
-            live[b] = (step, rec)
-            results[b][T] = rec
-        # interleaved timing: one sample of each live backend per round
-        samples = {b: [] for b in live}
-        for _ in range(cfg.repeats):
-            for b, (step, rec) in live.items():
-                if rec["status"] != "ok":
-                    continue
-                try:
-                    samples[b].append(timed(step, device, rec["inner"]))
-                except Exception as e:  # noqa: BLE001
-                    rec.update(status="oom" if is_oom(e) else "error",
-                               message=f"{type(e).__name__} while timing: {(str(e).splitlines() or [''])[0]}"[:300])
-                    stopped[b] = f"{rec['status']} at T={T}"
-        for b, (step, rec) in list(live.items()):
-            if rec["status"] != "ok":
-                continue
-            rec["time"] = summary(samples[b])
-            if rec["time"]["median"] > cfg.time_budget:
-                stopped[b] = f"slow at T={T}"
-        live.clear()
+            else:
+                live[b] = (step, results[b][T])
+        time_interleaved(cfg, live, device, stopped, T)
+        live.clear()  # frees this T's modules and inputs before the next T
         if kind == "cuda":
             torch.cuda.empty_cache()
         line = "  ".join(f"{b} {cell_ms(results[b][T])} ms / {cell_mib(results[b][T])} MiB" for b in backends)
         print(f"T={T}: {line}", flush=True)
+    return results
 
+
+def main(cfg):
+    if cfg.single:
+        return single(cfg)
+    device = resolve_device(cfg.device)
+    kind = device.split(":")[0]
+    set_threads(cfg.threads)
+    seq_lens = split_list(cfg.seq_lens, "seq_lens", int)
+    if any(t < 1 for t in seq_lens):
+        fail("seq_lens must be positive integers")
+    backends = available_backends(cfg, device)
+    info = machine_info(device)
+    print_machine(info)
+    memory = ("not measured (--memory=false)" if not cfg.memory else "max_memory_allocated" if kind == "cuda"
+              else "peak RSS growth in a fresh subprocess" if kind == "cpu" else "not measured")
+    print(f"causal self-attention forward+backward | B={cfg.batch_size} n_embd={cfg.n_embd} n_head={cfg.n_head} "
+          f"dtype={cfg.dtype} | backends {', '.join(backends)} "
+          f"(flash -> {flash_kernel(device, getattr(torch, cfg.dtype))}) | "
+          f"median of {cfg.repeats} interleaved rounds | peak memory: {memory}")
+    warm_up_autograd(device, getattr(torch, cfg.dtype))
+    results = sweep(cfg, device, backends, seq_lens)
     report(cfg, device, info, backends, seq_lens, results)
 
 

@@ -1,7 +1,9 @@
 """Shared helpers for the bench/ scripts: option parsing, machine description, timing, tables, JSON.
 
 Every script puts the repository root first on sys.path before importing this, so `bench.benchutil`
-and the top-level modules (model, attention, train, ...) resolve the same from any directory.
+and the library modules (model, attention, configurator, checkpoint, data.loader) resolve the same
+from any directory. The scripts use only those: train.py and sample.py are programs, not libraries
+(bench/recipe.py runs train.py as a subprocess).
 """
 import datetime
 import json
@@ -13,8 +15,8 @@ import time
 
 import torch
 
-from configurator import ConfigError, fail, load_config
-from mfu import cpu_name
+from configurator import ConfigError, fail, load_config, pick_device, pick_dtype
+from model import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -46,9 +48,17 @@ def split_list(text, name, convert=str, allowed=None):
 
 
 def resolve_device(name):
-    from train import pick_device
+    """configurator.pick_device, with a device that is not here reported as one line (exit status 2)."""
     try:
         return pick_device(name)
+    except ValueError as e:
+        fail(e)
+
+
+def resolve_dtype(name, device_type, training=True):
+    """configurator.pick_dtype, with a dtype this device cannot run reported as one line."""
+    try:
+        return pick_dtype(name, device_type, training)
     except ValueError as e:
         fail(e)
 

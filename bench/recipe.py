@@ -32,9 +32,8 @@ import torch
 
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, split_list, write_json)
-from checkpoint import load_checkpoint, model_from_checkpoint
-from prepare import open_split
-from train import Batches
+from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from data.loader import Batches, open_split
 
 
 @dataclass
@@ -48,9 +47,9 @@ class RecipeBench:
     work_dir: str = ""  # where the out_dirs go; "": recipe-<time> in the temporary directory
     run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300
     eval_batches: int = 200  # fixed batches per split for the final evaluation
-    eval_batch_size: int = 12
+    eval_batch_size: int = 12  # sequences per evaluation batch
     eval_block_size: int = 0  # 0: the smallest block_size among the runs
-    eval_seed: int = 4242
+    eval_seed: int = 4242  # seeds the draw of the evaluation batches
     device: str = "auto"  # for the evaluation
     out: str = ""  # JSON path; "": bench/results/recipe-<device>.json
 
@@ -114,7 +113,8 @@ def spread(values):
             "min": min(values), "max": max(values)}
 
 
-def main(cfg):
+def check_configs(cfg):
+    """The --configs list, each a path (absolute, or relative to the repository root) or "default"."""
     configs = split_list(cfg.configs, "configs")
     for c in configs:
         if c != "default" and not os.path.isfile(os.path.join(ROOT, c)) and not os.path.isfile(c):
@@ -123,14 +123,11 @@ def main(cfg):
                else os.path.join(ROOT, c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
-    seeds = split_list(cfg.seeds, "seeds", int)
-    device = resolve_device(cfg.device)
-    work = cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
-    info = machine_info(device)
-    print_machine(info)
-    print(f"{len(configs)} configs x {len(seeds)} seeds, {cfg.max_seconds:g} s of training each, interleaved; "
-          f"out_dirs under {work}")
+    return configs
 
+
+def train_all(cfg, configs, seeds, work):
+    """One train.py run per seed and config, interleaved; their records."""
     runs = []
     for seed in seeds:
         for config in configs:
@@ -139,14 +136,17 @@ def main(cfg):
             rec = run_train(cfg, config, seed, out_dir)
             print(f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)", flush=True)
             runs.append(rec)
+    return runs
 
-    # ---- evaluation on fixed batches, the same for every checkpoint ----
+
+def load_finished(runs, work):
+    """(record, checkpoint) of every run that finished with a checkpoint; its numbers into its record."""
     models = []
     for rec in runs:
         if rec["returncode"] != 0:
             continue
         try:
-            ckpt = load_checkpoint(os.path.join(rec["out_dir"], "ckpt.pt"))
+            ckpt = load_checkpoint(ckpt_path(rec["out_dir"]))
         except ValueError as e:
             rec.update(returncode="no checkpoint", error=str(e))
             continue
@@ -156,6 +156,12 @@ def main(cfg):
         models.append((rec, ckpt))
     if not models:
         fail("no run produced a checkpoint; see the train.log files under " + work, status=1)
+    return models
+
+
+def evaluate_all(cfg, models, device):
+    """Every checkpoint's val and train loss on the same fixed batches, into its record; the
+    evaluation's settings for the JSON."""
     data_dirs = {os.path.normpath(os.path.join(ROOT, ckpt["config"]["data_dir"])) for _, ckpt in models}
     if len(data_dirs) > 1:
         fail(f"the runs trained on different data ({', '.join(sorted(data_dirs))}); their losses do not compare", status=1)
@@ -169,12 +175,17 @@ def main(cfg):
     print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x {block} "
           f"tokens per split ({data_dir}, seed {cfg.eval_seed})")
     for rec, ckpt in models:
-        model = model_from_checkpoint(ckpt, rec["out_dir"])
+        model = model_from_checkpoint(ckpt, ckpt_path(rec["out_dir"]))
         model.to(device).eval()
         rec["val_loss"] = mean_loss(model, val)
         rec["train_loss"] = mean_loss(model, train)
         rec["gap"] = rec["val_loss"] - rec["train_loss"]
+    return {"data_dir": data_dir, "block_size": block, "batch_size": cfg.eval_batch_size,
+            "batches": cfg.eval_batches, "seed": cfg.eval_seed}
 
+
+def summarise(configs, runs):
+    """{config label: spread of val loss, train loss, gap and iterations over its seeds}, printed."""
     print()
     print(md_table(["config", "seed", "iterations", "train s", "val loss", "train loss", "gap"],
                    [[r["label"], r["seed"], r.get("iterations", "-"), fmt(r.get("trained_seconds")),
@@ -190,26 +201,45 @@ def main(cfg):
                      f"{fmt(s['val_loss'].get('min'), '.4f')}-{fmt(s['val_loss'].get('max'), '.4f')}",
                      fmt(s["train_loss"].get("mean"), ".4f"), fmt(s["gap"].get("mean"), ".4f"),
                      fmt(s["iterations"].get("mean"), ".0f")] for name, s in summaries.items()]))
-    paired = None
-    if len(configs) == 2:  # same seed, both configs: the difference per seed
-        a, b = (label(c) for c in configs)
-        diffs = []
-        for seed in seeds:
-            ra = next((r for r in runs if r["label"] == a and r["seed"] == seed and "val_loss" in r), None)
-            rb = next((r for r in runs if r["label"] == b and r["seed"] == seed and "val_loss" in r), None)
-            if ra and rb:
-                diffs.append(ra["val_loss"] - rb["val_loss"])
-        paired = {"a": a, "b": b, "val_loss_a_minus_b": diffs, **spread(diffs)}
-        if diffs:
-            print(f"val loss {a} - {b}, paired by seed: mean {paired['mean']:+.4f} (min {paired['min']:+.4f}, "
-                  f"max {paired['max']:+.4f}, n {len(diffs)}); negative means {a} is better")
+    return summaries
+
+
+def paired_difference(configs, seeds, runs):
+    """With two configs: their val loss difference per seed (same seed, both configs), printed; else None."""
+    if len(configs) != 2:
+        return None
+    a, b = (label(c) for c in configs)
+    diffs = []
+    for seed in seeds:
+        ra = next((r for r in runs if r["label"] == a and r["seed"] == seed and "val_loss" in r), None)
+        rb = next((r for r in runs if r["label"] == b and r["seed"] == seed and "val_loss" in r), None)
+        if ra and rb:
+            diffs.append(ra["val_loss"] - rb["val_loss"])
+    paired = {"a": a, "b": b, "val_loss_a_minus_b": diffs, **spread(diffs)}
+    if diffs:
+        print(f"val loss {a} - {b}, paired by seed: mean {paired['mean']:+.4f} (min {paired['min']:+.4f}, "
+              f"max {paired['max']:+.4f}, n {len(diffs)}); negative means {a} is better")
+    return paired
+
+
+def main(cfg):
+    configs = check_configs(cfg)
+    seeds = split_list(cfg.seeds, "seeds", int)
+    device = resolve_device(cfg.device)
+    work = cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
+    info = machine_info(device)
+    print_machine(info)
+    print(f"{len(configs)} configs x {len(seeds)} seeds, {cfg.max_seconds:g} s of training each, interleaved; "
+          f"out_dirs under {work}")
+    runs = train_all(cfg, configs, seeds, work)
+    evaluation = evaluate_all(cfg, load_finished(runs, work), device)  # the same batches for every checkpoint
+    summaries = summarise(configs, runs)
+    paired = paired_difference(configs, seeds, runs)
     for r in runs:
         if r.get("error"):
             print(f"  note: {r['label']} seed {r['seed']}: {r['error']} (log: {r['out_dir']}/train.log)")
     out = cfg.out or default_out("recipe", device)
-    write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg),
-                     "eval": {"data_dir": data_dir, "block_size": block, "batch_size": cfg.eval_batch_size,
-                              "batches": cfg.eval_batches, "seed": cfg.eval_seed},
+    write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg), "eval": evaluation,
                      "runs": [without_paths(r) for r in runs], "summary": summaries, "paired": paired})
 
 

@@ -22,15 +22,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
 import torch
 
+from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
-                             resolve_device, set_threads, summary, timed, write_json)
-from checkpoint import load_checkpoint, model_from_checkpoint
+                             resolve_device, resolve_dtype, set_threads, summary, timed, write_json)
+from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from data.loader import load_meta
 from model import GPT, GPTConfig
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default
@@ -42,21 +43,21 @@ REQUIRED_NEW_TOKENS = 500  # the issue's generation length
 @dataclass
 class SampleBench:
     out_dir: str = ""  # a train.py out_dir holding ckpt.pt; "": random weights of the shape below
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    n_layer: int = 4  # random weights: transformer blocks
+    n_head: int = 4  # random weights: attention heads
+    n_embd: int = 128  # random weights: width of the residual stream
     block_size: Optional[int] = None  # none: 256 (random weights) or the checkpoint's; smaller crops a checkpoint
     vocab_size: int = 0  # random weights: 0 takes data/shakespeare_char/meta.json's, else 65
-    attention: Optional[Literal["manual", "sdpa", "flash", "fa2", "fa3"]] = None  # none: manual / the checkpoint's
-    max_new_tokens: int = 500
+    attention: Optional[Backend] = None  # none: manual / the checkpoint's
+    max_new_tokens: int = 500  # new tokens per generate() call
     prompt_len: int = 1  # random prompt tokens
-    temperature: float = 1.0
+    temperature: float = 1.0  # of the timed runs; the sanity check also runs greedy (0)
     repeats: int = 5  # interleaved rounds; the median is reported
     warmup_tokens: int = 32  # each path generates this many untimed first
-    device: str = "auto"
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # autocast dtype, as sample.py
     threads: int = 0  # torch threads; 0: torch's default
-    seed: int = 1337
+    seed: int = 1337  # for the random weights, the prompt and every run's generator
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json
 
     def __post_init__(self):
@@ -72,8 +73,8 @@ class SampleBench:
 def build_model(cfg, device):
     if cfg.out_dir:
         try:
-            ckpt = load_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"))
-            model = model_from_checkpoint(ckpt, f"{cfg.out_dir}/ckpt.pt",
+            ckpt = load_checkpoint(ckpt_path(cfg.out_dir))
+            model = model_from_checkpoint(ckpt, ckpt_path(cfg.out_dir),
                                           **({"attention": cfg.attention} if cfg.attention else {}))
             if cfg.block_size and cfg.block_size != model.config.block_size:
                 model.crop_block_size(cfg.block_size)
@@ -83,8 +84,8 @@ def build_model(cfg, device):
     else:
         vocab = cfg.vocab_size
         if not vocab:
-            meta = os.path.join(ROOT, "data", "shakespeare_char", "meta.json")
-            vocab = json.load(open(meta))["vocab_size"] if os.path.exists(meta) else 65
+            data_dir = os.path.join(ROOT, "data", "shakespeare_char")
+            vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
         try:
             config = GPTConfig(vocab_size=vocab, block_size=cfg.block_size or 256, n_layer=cfg.n_layer,
                                n_head=cfg.n_head, n_embd=cfg.n_embd, attention=cfg.attention or "manual")
@@ -100,11 +101,7 @@ def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     set_threads(cfg.threads)
-    from train import pick_dtype
-    try:
-        dtype = pick_dtype(cfg.dtype, device_type)
-    except ValueError as e:
-        fail(e)
+    dtype = resolve_dtype(cfg.dtype, device_type, training=False)
     model, source = build_model(cfg, device)
     c = model.config
     info = machine_info(device)

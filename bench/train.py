@@ -6,17 +6,18 @@ bf16 autocast, manual vs sdpa vs flash attention.
     python bench/train.py configs/gpt2_124m.toml --batch_size=16 --variants=compile --attention=flash --dtype=bfloat16
     python bench/train.py --variants=attention --attentions=sdpa,flash --repeats=3 --out=/tmp/t.json
 
-A step is what train.py does per iteration: forward under autocast, backward, gradient clipping,
-the optimizer step (train.build_optimizers: AdamW, or Muon with --optimizer in the TOML) and zero_grad,
-on random tokens (no dataset needed; speed does not depend on the data). All variants start from
-the same weights and see the same batches.
+A step is what train.py's train_step does per iteration: forward under autocast, backward, gradient
+clipping, the optimizer step (model.configure_optimizers: AdamW, or Muon with --optimizer in the TOML)
+and zero_grad, on random tokens (no dataset needed; speed does not depend on the data). It is written
+out here from the same library pieces, since train.py is a program, not a library. All variants
+start from the same weights and see the same batches.
 
 Time: every variant is built first; compiled ones take their first step then (that step's time,
 compile included, is reported as "compile s" and excluded from the timing); each variant runs
 `warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
 (A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
-Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = mfu.flops_per_token(model)
-* tokens/s / mfu.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
+Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = model.flops_per_token()
+* tokens/s / model.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
 matmul peak on a CPU (so CPU MFU is relative to what torch's matmul reaches there).
 Peak memory (CUDA only): max_memory_allocated during one step above what was allocated before it,
 i.e. activations, gradients and temporaries, not the weights or optimizer state already resident.
@@ -27,47 +28,46 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import itertools
-import json
+import typing
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
 
 import torch
 
-import train as train_mod
-from attention import BACKENDS, check_backend
+from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, set_threads, split_list, summary, sync, timed, write_json)
-from configurator import ConfigError, load_config
-from mfu import flops_per_token, peak_flops
-from model import GPT, GPTConfig
+from configurator import ConfigError, DType, TrainConfig, load_config, model_config, pick_dtype
+from data.loader import load_meta
+from model import GPT, peak_flops
 
 AXES = ("compile", "dtype", "attention", "optimizer")
 
 
 @dataclass
 class TrainBench:
-    config: str = ""  # a TOML of train.py settings (configs/...); "": train.TrainConfig's defaults (the CPU model)
-    n_layer: Optional[int] = None  # model and batch shape; none: from the config
-    n_head: Optional[int] = None
-    n_embd: Optional[int] = None
-    block_size: Optional[int] = None
-    batch_size: Optional[int] = None
+    config: str = ""  # a TOML of train.py settings (configs/...); "": configurator.TrainConfig's defaults (the CPU model)
+    n_layer: Optional[int] = None  # transformer blocks; none: from the config
+    n_head: Optional[int] = None  # attention heads; none: from the config
+    n_embd: Optional[int] = None  # width of the residual stream; none: from the config
+    block_size: Optional[int] = None  # tokens per sequence; none: from the config
+    batch_size: Optional[int] = None  # sequences per micro-batch; none: from the config
     grad_accum: int = 1  # micro-batches per optimizer step (the config's gradient_accumulation_steps is ignored)
     variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer; auto: dtype,attention on CPU, those and compile on CUDA; none: the base only
     attentions: str = "manual,sdpa,flash"  # the attention axis' values
     dtypes: str = "float32,bfloat16"  # the dtype axis' values
     optimizers: str = "adamw,muon"  # the optimizer axis' values
     compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
-    dtype: Optional[Literal["auto", "float32", "bfloat16", "float16"]] = None  # base value; none: the config's
-    attention: Optional[Literal["manual", "sdpa", "flash", "fa2", "fa3"]] = None  # base value; none: the config's
+    dtype: Optional[DType] = None  # base value; none: the config's
+    attention: Optional[Backend] = None  # base value; none: the config's
     optimizer: Optional[Literal["adamw", "muon"]] = None  # base value; none: the config's
-    vocab_size: int = 0  # 0: the config's data_dir meta.json if it exists, else GPT-2's 50257
-    device: str = "auto"
+    vocab_size: int = 0  # 0: the config's vocab_size, else its data_dir's meta.json if it exists, else GPT-2's 50257
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     warmup: int = 3  # untimed steps per variant, after compilation
     repeats: int = 10  # interleaved timed rounds; the median is reported
     steps_per_sample: int = 1  # optimizer steps per timing sample
     threads: int = 0  # torch threads; 0: torch's default
-    seed: int = 1337
+    seed: int = 1337  # for the weights (the same in every variant) and the random batches
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
@@ -88,23 +88,25 @@ def parse_args(argv):
 
 
 def train_config(cfg):
-    """train.TrainConfig from the TOML plus this script's shape flags (train.py's own checks apply)."""
+    """configurator.TrainConfig from the TOML plus this script's shape flags (train.py's own checks apply)."""
     argv = [cfg.config] if cfg.config else []
     argv += [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
              if getattr(cfg, k) is not None]
     try:
-        return load_config(train_mod.TrainConfig, argv)
+        return load_config(TrainConfig, argv)
     except ConfigError as e:
         fail(e)
 
 
 def vocab_size(cfg, tcfg):
+    """(vocabulary size, where it came from): as train.py would pick it, unless --vocab_size is given."""
     if cfg.vocab_size:
         return cfg.vocab_size, "--vocab_size"
-    meta = os.path.join(tcfg.data_dir if os.path.isabs(tcfg.data_dir) else os.path.join(ROOT, tcfg.data_dir), "meta.json")
-    if os.path.exists(meta):
-        with open(meta) as f:
-            return json.load(f)["vocab_size"], meta
+    if tcfg.vocab_size:  # train.py's own setting: the data's vocabulary, padded
+        return tcfg.vocab_size, f"vocab_size in {cfg.config}"
+    data_dir = os.path.join(ROOT, tcfg.data_dir)  # an absolute data_dir stays as it is
+    if os.path.exists(os.path.join(data_dir, "meta.json")):
+        return load_meta(data_dir)["vocab_size"], os.path.join(data_dir, "meta.json")
     return 50257, "GPT-2 (no meta.json in the config's data_dir)"
 
 
@@ -120,9 +122,9 @@ def variant_list(cfg, tcfg, device_type):
             "attention": cfg.attention or tcfg.attention,
             "optimizer": cfg.optimizer or tcfg.optimizer}
     if base["dtype"] == "auto":
-        base["dtype"] = str(train_mod.pick_dtype("auto", device_type)).removeprefix("torch.")
+        base["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
     values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
-              "dtype": split_list(cfg.dtypes, "dtypes", allowed=("auto", "float32", "bfloat16", "float16"))
+              "dtype": split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))
               if "dtype" in axes else [base["dtype"]],
               "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
               if "attention" in axes else [base["attention"]],
@@ -143,19 +145,19 @@ class Variant:
     def __init__(self, spec, tcfg, vocab, device, batches, seed):
         self.spec, self.device = spec, device
         device_type = device.split(":")[0]
-        self.dtype = train_mod.pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
+        self.dtype = pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
         check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
         torch.manual_seed(seed)  # the same initial weights for every variant
-        args = train_mod.model_args(tcfg, vocab_size=vocab)
-        args["attention"] = spec["attention"]
-        self.raw = GPT(GPTConfig(**args)).to(device)
-        self.optimizers = train_mod.build_optimizers(self.raw, replace(tcfg, optimizer=spec["optimizer"]), device_type)
+        self.raw = GPT(replace(model_config(tcfg, vocab), attention=spec["attention"])).to(device)
+        self.optimizers = self.raw.configure_optimizers(spec["optimizer"], tcfg.learning_rate, tcfg.weight_decay,
+                                                        (tcfg.beta1, tcfg.beta2), tcfg.muon_lr, device_type)
         self.model = torch.compile(self.raw) if spec["compile"] else self.raw
         self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)
         self.grad_clip, self.batches, self.next = tcfg.grad_clip, batches, 0
 
     def step(self, micro_steps):
+        """train.py's train_step, at the peak learning rate: returns the last micro-step's loss."""
         for _ in range(micro_steps):
             x, y = self.batches[self.next % len(self.batches)]
             self.next += 1
@@ -173,75 +175,72 @@ class Variant:
         return loss
 
 
-def main(cfg):
-    device = resolve_device(cfg.device)
-    device_type = device.split(":")[0]
-    set_threads(cfg.threads)
-    tcfg = train_config(cfg)
-    vocab, vocab_from = vocab_size(cfg, tcfg)
-    axes, specs = variant_list(cfg, tcfg, device_type)
+def set_up_device(device_type, specs):
+    """TF32 on CUDA, as train.py does; room in torch.compile's cache for every compiled variant."""
     if device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # as train.py does
+        torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if any(s["compile"] for s in specs):  # every compiled model is one more cache entry for GPT.forward
         import torch._dynamo.config as dynamo_config
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(dynamo_config, name):
                 setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
-    info = machine_info(device)
-    print_machine(info)
-    B, T = tcfg.batch_size, tcfg.block_size
-    tokens_per_step = B * T * cfg.grad_accum
-    print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
-          f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
-          f"{cfg.config or 'TrainConfig defaults'}")
 
+
+def random_batches(cfg, tcfg, vocab, device):
+    """max(2, grad_accum) fixed (inputs, targets) batches of random tokens, on the device."""
     g = torch.Generator().manual_seed(cfg.seed)
     batches = []
     for _ in range(max(2, cfg.grad_accum)):
-        data = torch.randint(vocab, (B, T + 1), generator=g)
+        data = torch.randint(vocab, (tcfg.batch_size, tcfg.block_size + 1), generator=g)
         batches.append((data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)))
+    return batches
 
-    variants, rows = [], []
-    for spec in specs:
-        rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
-        rows.append(rec)
-        try:
-            v = Variant(spec, tcfg, vocab, device, batches, cfg.seed)
-        except ValueError as e:
-            rec.update(status="unsupported", message=str(e))
-            continue
-        try:
-            rec["first_step_seconds"] = timed(lambda: v.step(cfg.grad_accum), device)  # compile happens here
-            for _ in range(cfg.warmup):
-                v.step(cfg.grad_accum)
-            loss = v.step(cfg.grad_accum)
-            rec["loss_after_warmup"] = loss.item() * cfg.grad_accum
-            if device_type == "cuda":
-                sync(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-                v.step(cfg.grad_accum)
-                sync(device)
-                rec["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
-        except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
-            rec.update(status="failed", message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
-        if rec["status"] == "failed":  # outside the except: its traceback no longer pins the tensors
-            v = None
-            if device_type == "cuda":
-                torch.cuda.empty_cache()
-            continue
-        if spec["compile"]:
-            rec["compile_seconds"] = rec["first_step_seconds"]
-        rec["num_params"] = v.raw.num_params()
-        rec["flops_per_token"] = flops_per_token(v.raw.config, v.raw.num_params())
-        rec["peak_flops"], rec["peak_source"] = peak_flops(device_type, v.dtype)
-        variants.append((v, rec))
-        print(f"ready: {rec['name']} (first step {rec['first_step_seconds']:.2f} s"
-              f"{', compile included' if spec['compile'] else ''}; loss {rec['loss_after_warmup']:.3f})", flush=True)
 
+def failure(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def prepare_variant(cfg, spec, rec, tcfg, vocab, device, batches):
+    """The Variant of spec, built, compiled (on its first step) and warmed up, its first numbers in
+    rec; None if it cannot run here or failed (rec says why), its tensors freed by then."""
+    device_type = device.split(":")[0]
+    try:
+        v = Variant(spec, tcfg, vocab, device, batches, cfg.seed)
+    except ValueError as e:
+        rec.update(status="unsupported", message=str(e))
+        return None
+    try:
+        rec["first_step_seconds"] = timed(lambda: v.step(cfg.grad_accum), device)  # compile happens here
+        for _ in range(cfg.warmup):
+            v.step(cfg.grad_accum)
+        loss = v.step(cfg.grad_accum)
+        rec["loss_after_warmup"] = loss.item() * cfg.grad_accum
+        if device_type == "cuda":
+            sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            v.step(cfg.grad_accum)
+            sync(device)
+            rec["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
+    except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
+        rec.update(status="failed", message=failure(e))
+        return None
+    if spec["compile"]:
+        rec["compile_seconds"] = rec["first_step_seconds"]
+    rec["num_params"] = v.raw.num_params()
+    rec["flops_per_token"] = v.raw.flops_per_token()
+    rec["peak_flops"], rec["peak_source"] = peak_flops(device_type, v.dtype)
+    print(f"ready: {rec['name']} (first step {rec['first_step_seconds']:.2f} s"
+          f"{', compile included' if spec['compile'] else ''}; loss {rec['loss_after_warmup']:.3f})", flush=True)
+    return v
+
+
+def time_variants(cfg, variants, device, tokens_per_step):
+    """`repeats` rounds, one timing sample of every variant each; then each record's step time,
+    tokens/s and MFU."""
     samples = {id(rec): [] for _, rec in variants}
-    for r in range(cfg.repeats):
+    for _ in range(cfg.repeats):
         for v, rec in variants:
             if rec["status"] != "ok":
                 continue
@@ -249,14 +248,16 @@ def main(cfg):
                 samples[id(rec)].append(timed(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.steps_per_sample)],
                                               device) / cfg.steps_per_sample)
             except Exception as e:  # noqa: BLE001 - e.g. out of memory with the other variants resident
-                rec.update(status="failed", message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
-    variants = [(v, rec) for v, rec in variants if rec["status"] == "ok"]
-    for v, rec in variants:
+                rec.update(status="failed", message=failure(e))
+    for _, rec in variants:
+        if rec["status"] != "ok":
+            continue
         rec["step_time"] = summary(samples[id(rec)])
-        sec = rec["step_time"]["median"]
-        rec["tokens_per_s"] = tokens_per_step / sec
+        rec["tokens_per_s"] = tokens_per_step / rec["step_time"]["median"]
         rec["mfu"] = rec["flops_per_token"] * rec["tokens_per_s"] / rec["peak_flops"] if rec["peak_flops"] else None
 
+
+def print_table(cfg, rows):
     base = next((rec for rec in rows if rec.get("tokens_per_s")), None)
     headers = ["variant", "ms/step", "min-max ms", "tokens/s", "MFU", "vs first", "compile s", "peak MiB"]
     table = []
@@ -277,10 +278,39 @@ def main(cfg):
     for rec in rows:
         if rec.get("message"):
             print(f"  note: {rec['name']}: {rec['status']}: {rec['message']}")
+
+
+def main(cfg):
+    device = resolve_device(cfg.device)
+    device_type = device.split(":")[0]
+    set_threads(cfg.threads)
+    tcfg = train_config(cfg)
+    vocab, vocab_from = vocab_size(cfg, tcfg)
+    axes, specs = variant_list(cfg, tcfg, device_type)
+    set_up_device(device_type, specs)
+    info = machine_info(device)
+    print_machine(info)
+    B, T = tcfg.batch_size, tcfg.block_size
+    tokens_per_step = B * T * cfg.grad_accum
+    print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
+          f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
+          f"{cfg.config or 'TrainConfig defaults'}")
+    batches = random_batches(cfg, tcfg, vocab, device)
+
+    variants, rows = [], []
+    for spec in specs:
+        rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
+        rows.append(rec)
+        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, batches)
+        if v is not None:
+            variants.append((v, rec))
+        elif device_type == "cuda":  # what a failed variant held is free now
+            torch.cuda.empty_cache()
+    time_variants(cfg, variants, device, tokens_per_step)
+    print_table(cfg, rows)
     out = cfg.out or default_out("train", device)
     write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})
-
 
 if __name__ == "__main__":
     main(parse_args(sys.argv[1:]))

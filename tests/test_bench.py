@@ -1,10 +1,16 @@
 """The benchmark scripts run end to end at toy sizes and write the JSON the README's tables come
 from. Nothing here is timed: these only keep the scripts working as the code under them changes."""
+import ast
+import glob
 import json
+import os
+import re
 
 import pytest
 
-from helpers import check_ok
+from helpers import ROOT, check_ok
+
+SCRIPTS = ("attention", "train", "sample", "recipe")
 
 
 def run_bench(launch, script, out, *args):
@@ -68,3 +74,22 @@ def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_d
     assert set(result["summary"]) == {"nanogpt_cpu_reference", "default"}
     for label, summary in result["summary"].items():
         assert summary["val_loss"]["n"] == 1 and 0 < summary["val_loss"]["mean"] < 10, label
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bench_help_describes_every_setting(launch, script):
+    out = check_ok(launch(f"bench/{script}.py", "--help")).stdout
+    settings = [line for line in out.splitlines() if line.startswith("  --")]
+    assert settings, out
+    undescribed = [line for line in settings if re.fullmatch(r"\s+--\S+\s+\[.*\]", line)]  # no comment before the type
+    assert not undescribed, undescribed
+
+
+def test_bench_uses_the_library_not_the_programs():
+    """train.py and sample.py are programs: bench/ builds on the library modules (recipe.py runs
+    train.py as a subprocess)."""
+    for path in glob.glob(os.path.join(ROOT, "bench", "*.py")):
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not {n.split(".")[0] for n in names} & {"train", "sample"}, (path, names)

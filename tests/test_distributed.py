@@ -12,7 +12,7 @@ from helpers import torchrun
 from model import GPT, GPTConfig
 
 TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
-        "--batch_size=4", "--gradient_accumulation_steps=2", "--max_iters=4", "--eval_interval=4",
+        "--batch_size=4", "--max_iters=4", "--eval_interval=4",
         "--eval_iters=2", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
 
 
@@ -23,7 +23,7 @@ def final_weights(out_dir):
 @pytest.fixture(scope="module")
 def single(data_dir, tmp_path_factory, launch):
     out = str(tmp_path_factory.mktemp("single"))
-    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}")
+    proc = launch("train.py", *TINY, "--gradient_accumulation_steps=2", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert proc.returncode == 0, proc.stderr
     return final_weights(out)
 
@@ -33,7 +33,10 @@ def rank_weights(out_dir):
 
 
 def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_path):
+    """With gradient_accumulation_steps at its default, each of the 2 ranks runs one micro-batch: the
+    same 2 x 4 sequences per step as 1 process with gradient_accumulation_steps=2."""
     out = torchrun("tests/distributed_worker.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}")
+    assert "| 128 tokens/iter |" in out, out  # 2 micro-batches x 4 sequences x 16 tokens
     rank0, rank1 = rank_weights(tmp_path)
     assert torch.equal(rank0, rank1), "DDP replicas drifted apart"
     assert "2 process(es) ddp" in out

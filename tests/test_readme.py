@@ -1,25 +1,66 @@
-"""The README points readers at lines of attention.py; keep those pointers true when the code moves."""
+"""The README points readers at code by name and shows code from the files: keep both true when the
+code moves. Code shown must be the code that runs; every function, class or method it names must exist."""
+import importlib
 import os
 import re
 
+import pytest
+
 from helpers import ROOT
 
-# what each linked line must hold
-EXPECTED = {35: "def manual_attention", 53: "def causal_mask", 131: "def forward", 136: "self.c_attn(x)",
-            143: "view(B, t.size(1), self.n_head, hs)", 162: "transpose(1, 2).contiguous()"}
+MODULES = ("attention", "model", "train", "sample", "configurator", "checkpoint", "data.prepare", "data.loader",
+           "data.tokenizer", "data.shakespeare")
 
 
-def test_readme_line_links_into_attention_py_are_current():
+def readme():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    with open(os.path.join(ROOT, "attention.py"), encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    linked = {int(n) for n in re.findall(r"attention\.py#L(\d+)", readme)}
-    assert linked == set(EXPECTED), f"README links lines {sorted(linked)}; update EXPECTED or the README"
-    for number, text in EXPECTED.items():
-        assert text in lines[number - 1], f"attention.py line {number} no longer holds {text!r}: update the README"
-    quoted = re.search(r"```python\n(.*?)```", readme.split("## How attention works")[1], re.S).group(1)
-    for line in quoted.splitlines():  # the snippet shown is the code that runs
-        code = line.split("#")[0].strip()
-        assert code and code.replace("F.dropout(weights, dropout_p)", "weights") in \
-            "\n".join(l.replace("F.dropout(weights, dropout_p)", "weights") for l in lines), code
+        return f.read()
+
+
+def source(name):
+    with open(os.path.join(ROOT, name.replace(".", "/") + ".py"), encoding="utf-8") as f:
+        return f.read()
+
+
+def defined(module, dotted):
+    """Does `dotted` (name or Class.attr) exist in the module?"""
+    obj = importlib.import_module(module)
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def test_code_shown_is_code_in_the_files():
+    blocks = re.findall(r"```python\n(.*?)```", readme(), re.S)
+    assert blocks, "the README shows the heart of attention.py"
+    for block in blocks:
+        name = re.match(r"(?:def|class) (\w+)", block).group(1)
+        home = [m for m in MODULES if re.search(rf"^(def|class) {name}\b", source(m), re.M)]
+        assert home, f"the README shows {name}, which no module defines"
+        assert block in source(home[0]), f"the README's {name} differs from {home[0]}.py: copy it again"
+
+
+def test_every_class_member_named_exists():
+    """`GPT.forward`, `MultiHeadAttention.forward`, `model.RUNTIME_SETTINGS`, ...: each resolves."""
+    named = {ref for ref in re.findall(r"`(\w+\.\w+)[`(]", readme())
+             if ref.rsplit(".", 1)[1] not in ("py", "toml", "json", "jsonl", "bin", "pt", "png", "txt")}
+    assert "GPT.forward" in named
+    for ref in named:
+        head = ref.split(".")[0]
+        if head in MODULES:
+            assert defined(head, ref.split(".", 1)[1]), f"README names {ref}, which {head}.py lacks"
+        elif head[0].isupper():
+            assert any(defined(m, ref) for m in MODULES), f"README names {ref}, which no module defines"
+
+
+@pytest.mark.parametrize("module", ["attention", "model", "train", "sample", "configurator", "checkpoint"])
+def test_the_reading_guide_names_what_each_file_holds(module):
+    row = re.search(rf"^\| \[`{module}\.py`\]\({module}\.py\) \| (.*) \|$", readme(), re.M)
+    assert row, f"the README's table of files has no row for {module}.py"
+    names = [n for n in re.findall(r"`([A-Za-z_][\w.]*)`", row.group(1)) if not n.endswith((".py", ".jsonl", ".png"))]
+    code_names = [n for n in names if "_" in n or n[0].isupper() or "." in n]
+    for name in code_names:
+        assert defined(module, name) or name.split("=")[0] in source("configurator"), \
+            f"the README says {module}.py holds {name}"

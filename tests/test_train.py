@@ -8,6 +8,7 @@ gains nothing from threads, and on a busy 2-core machine OpenMP's spinning threa
 ~100x slower."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -301,6 +302,60 @@ def test_range_checks_are_config_errors(TrainConfig, flag, key):
         load_config(TrainConfig, ["--n_head=4", flag])
 
 
+def test_flag_without_equals_is_named_before_a_file_is_read(TrainConfig):
+    with pytest.raises(ConfigError, match=r"--key=value \(e.g. --input=...\)"):
+        load_config(TrainConfig, ["--input", "a.txt"])
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "data/prepare.py"])
+def test_help_says_what_every_setting_means(launch, script):
+    """--help: one line per setting, flag=default in one column, its meaning from the dataclass
+    comment, its type; the meanings are written once, beside the fields."""
+    proc = check_ok(launch(script, "--help"))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("  --")]
+    assert len(lines) >= 7, proc.stdout
+    for line in lines:
+        flag, _, rest = line.strip().partition("  ")
+        meaning = rest.strip().rsplit(" [", 1)[0]
+        assert "=" in flag and len(meaning) > 5, f"{script}: no meaning for {flag}"
+    starts = {len(line) - len(line.lstrip()[len(line.strip().partition("  ")[0]):].lstrip()) for line in lines}
+    assert len(starts) == 1, f"{script}: meanings do not start in one column"
+
+
 def test_shipped_configs_load(TrainConfig):
     for path in sorted(Path(ROOT, "configs").glob("*.toml")):
         load_config(TrainConfig, [str(path)])
+
+
+# ---- D. the forker's test: a new model option is one field -----------------------------------------
+
+NEW_FIELD = '    zero_init: bool = False  # output projections start at zero: every block starts as the identity\n'
+
+
+def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch):
+    """Add `mlp_ratio` to GPTConfig and use it in model.py, nothing else: train.py takes the flag and
+    documents it, the checkpoint keeps it, resume insists on it, and sample.py builds the same model."""
+    repo = tmp_path / "fork"  # the code a forker has: the scripts, the modules, data/'s Python files
+    repo.mkdir()
+    for module in Path(ROOT).glob("*.py"):
+        shutil.copy(module, repo)
+    shutil.copytree(Path(ROOT) / "data", repo / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
+    model_py = (repo / "model.py").read_text()
+    assert NEW_FIELD in model_py and model_py.count("4 * config.n_embd") == 2
+    model_py = model_py.replace(NEW_FIELD, NEW_FIELD + "    mlp_ratio: int = 4  # the MLP's hidden width, in multiples of n_embd\n")
+    (repo / "model.py").write_text(model_py.replace("4 * config.n_embd", "config.mlp_ratio * config.n_embd"))
+
+    out = tmp_path / "out"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2"]
+    check_ok(launch(str(repo / "train.py"), *args, "--mlp_ratio=2", "--max_iters=2"))
+    ckpt = load(out / "ckpt.pt")
+    assert ckpt["model_config"]["mlp_ratio"] == 2
+    assert ckpt["model"]["transformer.h.0.mlp.c_fc.weight"].shape == (2 * 16, 16)
+    refused = launch(str(repo / "train.py"), *args, "--mlp_ratio=3", "--init_from=resume", "--max_iters=3")
+    assert refused.returncode == 2 and "mlp_ratio=2 (now 3)" in refused.stderr, refused.stderr
+    check_ok(launch(str(repo / "train.py"), *args, "--mlp_ratio=2", "--init_from=resume", "--max_iters=3"))
+    assert load(out / "ckpt.pt")["iter_num"] == 3
+    sample = check_ok(launch(str(repo / "sample.py"), f"--out_dir={out}", "--max_new_tokens=5", "--start=All"))
+    assert sample.stdout.startswith("All")
+    helped = check_ok(launch(str(repo / "train.py"), "--help")).stdout
+    assert re.search(r"--mlp_ratio=4 +the MLP's hidden width", helped), helped
