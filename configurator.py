@@ -23,7 +23,8 @@ from typing import Literal
 
 import torch
 
-from model import GPTConfig
+from data.loader import SHAKESPEARE_CHAR_DIR
+from model import GPTConfig, Positions
 
 
 class ConfigError(ValueError):
@@ -210,10 +211,10 @@ class TrainConfig(GPTConfig):
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    pos_embedding: Literal["learned", "rope"] = "rope"
+    pos_embedding: Positions = "rope"
     # I/O
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
-    data_dir: str = "data/shakespeare_char"  # train.bin, val.bin and meta.json from data/prepare.py
+    data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
     init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
     eval_only: bool = False  # print the initial model's train and val loss, write nothing, stop
     eval_interval: int = 1000  # iterations between evaluations (and checkpoints)

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from attention import Backend, KVCache, MultiHeadAttention, check_backend
 
 
+Positions = Literal["learned", "rope"]  # a learned table of positions, or rotary embeddings in attention
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 50257  # tokens the model reads and predicts
@@ -30,7 +33,7 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
     attention: Backend = "manual"  # who computes attention: the hand-written path or a fused kernel
     # beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
-    pos_embedding: Literal["learned", "rope"] = "learned"  # positions: a learned table, or rotary in attention
+    pos_embedding: Positions = "learned"  # positions: a learned table, or rotary in attention
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation before attention, MLP and head
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     zero_init: bool = False  # output projections start at zero: every block starts as the identity
@@ -203,10 +206,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-               generator=None):
+               generator=None, vocab_size=None):
         """Yield (B, 1) new tokens one at a time, each conditioned on idx (B, T) and those before it.
         Past block_size the window jumps forward by half a block, the same rule with or without the
-        cache, so both give the same tokens and the cache is rebuilt only once per half block."""
+        cache, so both give the same tokens and the cache is rebuilt only once per half block.
+        vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
+        vocabulary was padded: the others never occur in the data)."""
         block_size = self.config.block_size
         start = max(0, idx.size(1) - block_size)  # the window is idx[:, start:]
         cache = None
@@ -221,15 +226,14 @@ class GPT(nn.Module):
                 logits, _ = self(idx[:, start:], kv_cache=cache, last_only=True)
             else:  # only the newest token goes through the model
                 logits, _ = self(idx[:, -1:], kv_cache=cache, last_only=True)
-            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)
+            next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
             idx = torch.cat((idx, next_token), dim=1)
             yield next_token
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                 generator=None):
-        """Return idx (B, T) extended by max_new_tokens sampled tokens; temperature=0 is greedy."""
-        new = list(self.stream(idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, generator))
-        return torch.cat([idx] + new, dim=1)
+    def generate(self, idx, max_new_tokens, **sampling):
+        """Return idx (B, T) extended by max_new_tokens sampled tokens; `sampling` takes the options
+        of stream (temperature=0 is greedy)."""
+        return torch.cat([idx, *self.stream(idx, max_new_tokens, **sampling)], dim=1)
 
     @classmethod
     def from_pretrained(cls, name_or_dir, **overrides):

@@ -116,7 +116,7 @@ def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
         pending = []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
         with autocast:
             for token in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                      cfg.use_kv_cache, generator):
+                                      cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
                 pending.append(token.item())
                 text = tokenizer.decode(pending)
                 if not text.endswith("\ufffd"):

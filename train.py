@@ -30,7 +30,7 @@ from attention import check_backend
 from checkpoint import (TrainingLog, check_resumable, check_writable, ckpt_path, load_checkpoint,
                         model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from configurator import TrainConfig, config_from_argv, fail, model_config, pick_device, pick_dtype
-from data.loader import Batches, load_meta, open_split
+from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
 from data.prepare import prepare_shakespeare_char
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS
 
@@ -130,7 +130,7 @@ Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-map
 def load_data(cfg, run):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
     missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
-    if cfg.data_dir == TrainConfig.data_dir and missing and run.local_rank == 0:
+    if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and run.local_rank == 0:
         print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
         prepare_shakespeare_char(cfg.data_dir)
     if run.distributed:

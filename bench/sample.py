@@ -31,7 +31,7 @@ from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, resolve_dtype, set_threads, summary, timed, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
-from data.loader import load_meta
+from data.loader import SHAKESPEARE_CHAR_DIR, load_meta
 from model import GPT, GPTConfig
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default
@@ -84,7 +84,7 @@ def build_model(cfg, device):
     else:
         vocab = cfg.vocab_size
         if not vocab:
-            data_dir = os.path.join(ROOT, "data", "shakespeare_char")
+            data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
             vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
         try:
             config = GPTConfig(vocab_size=vocab, block_size=cfg.block_size or 256, n_layer=cfg.n_layer,

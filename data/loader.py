@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 DTYPE = np.uint16  # token ids on disk; both vocabularies (<= 65536 ids) fit
+SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
 
 
 def load_meta(data_dir):

@@ -37,13 +37,12 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
-from data.loader import DTYPE  # noqa: E402
+from data.loader import DTYPE, SHAKESPEARE_CHAR_DIR  # noqa: E402
 from data.shakespeare import SHAKESPEARE_PLAYS, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 
 VAL_FRACTION = 0.1
 MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
-SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"
 
 
 # ----------------------------------------------------------------------------------------------

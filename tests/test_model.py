@@ -432,6 +432,17 @@ def test_configure_optimizers_decays_matrices_only():
 # --------------------------------------------------------------------------- sampling
 
 
+def test_stream_samples_only_the_first_vocab_size_tokens():
+    """A padded vocabulary: tokens past the tokenizer's never occur in the data, so never sample them."""
+    model = make_gpt("manual")
+    prompt = rand_tokens(B, 4)
+    g = torch.Generator().manual_seed(0)
+    free = model.generate(prompt, 40, temperature=2.0, generator=g)[:, 4:]
+    limited = model.generate(prompt, 40, temperature=2.0, generator=g, vocab_size=10)[:, 4:]
+    assert free.max() >= 10, "the unrestricted model does sample later tokens"
+    assert limited.max() < 10
+
+
 def test_sample_next_temperature_zero_is_greedy():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1, keepdim=True))

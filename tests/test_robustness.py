@@ -473,6 +473,8 @@ CASES = [
     Case("data-odd-byte-count",
          lambda c: train_args(c, data=c.broken_data(lambda d: open(d / "train.bin", "ab").write(b"\0"))),
          lambda c: [str(c.dir / "data" / "train.bin"), "whole number"]),
+    Case("vocab-size-smaller-than-data", lambda c: train_args(c, "--vocab_size=5"),
+         lambda c: ["vocab_size=5", str(c.data), "--vocab_size=0"]),
     Case("block-size-larger-than-data", lambda c: train_args(c, "--block_size=100000"),
          lambda c: ["block_size=100000", "train.bin"]),
     Case("resume-without-checkpoint", lambda c: (c.dir / "out").mkdir() or train_args(c, "--init_from=resume"),

@@ -327,6 +327,17 @@ def test_shipped_configs_load(TrainConfig):
         load_config(TrainConfig, [str(path)])
 
 
+def test_vocab_size_pads_the_embedding_and_sampling_takes_it(tmp_path, data_dir, launch):
+    out = tmp_path / "out"
+    check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--vocab_size=64",
+                    "--max_iters=2", "--eval_interval=2"))
+    ckpt = load(out / "ckpt.pt")
+    assert ckpt["model_config"]["vocab_size"] == 64 and ckpt["model"]["lm_head.weight"].shape == (64, 16)
+    assert ckpt["tokenizer"]["vocab_size"] == len(set(TEXT)) < 64
+    sample = check_ok(launch("sample.py", f"--out_dir={out}", "--max_new_tokens=100", "--start=All"))
+    assert set(sample.stdout.split(SEPARATOR)[0]) <= set(TEXT), "sampled a padding token"
+
+
 # ---- D. the forker's test: a new model option is one field -----------------------------------------
 
 NEW_FIELD = '    zero_init: bool = False  # output projections start at zero: every block starts as the identity\n'

@@ -1,0 +1,79 @@
+"""The shape a reader meets, kept by tests: the card's files at the top level, scripts that no
+library imports, imports that change nothing global, and functions short enough to read."""
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import ENV, ROOT
+
+CARD = ("attention.py", "model.py", "train.py", "sample.py")
+SUPPORT = ("configurator.py", "checkpoint.py")  # at most two small support modules beside the four
+
+
+def python_files():
+    """The repository's own Python files outside tests/."""
+    return [p for p in Path(ROOT).rglob("*.py") if "tests" not in p.relative_to(ROOT).parts
+            and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+
+
+def test_top_level_is_the_card():
+    assert sorted(p.name for p in Path(ROOT).glob("*.py")) == sorted(CARD + SUPPORT)
+    for folder in ("data", "configs", "tests", "bench"):
+        assert (Path(ROOT) / folder).is_dir()
+
+
+def test_only_tests_import_the_scripts():
+    for path in python_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not imported & {"train", "sample"} - {path.stem}, f"{path.relative_to(ROOT)} imports a script"
+
+
+def test_functions_fit_on_a_screen():
+    """No function in the card files over 60 lines, none elsewhere over 80; train.py at most 400 lines."""
+    for path in python_files():
+        limit = 60 if path.name in CARD and path.parent == Path(ROOT) else 80
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= limit, f"{path.relative_to(ROOT)}: {node.name}() is {length} lines (limit {limit})"
+    assert len((Path(ROOT) / "train.py").read_text().splitlines()) <= 400
+
+
+def test_importing_changes_no_global_state():
+    """Importing every module, scripts included, leaves sys.path, signal handlers and matplotlib alone."""
+    code = ("import signal, sys; path = list(sys.path); handlers = [signal.getsignal(s) for s in "
+            "(signal.SIGINT, signal.SIGTERM)]\n"
+            "import attention, model, configurator, checkpoint, train, sample, data.prepare, data.loader, "
+            "data.tokenizer, data.shakespeare\n"
+            "assert sys.path == path, 'sys.path changed'\n"
+            "assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers, 'signal handlers'\n"
+            "assert 'matplotlib' not in sys.modules, 'matplotlib imported (and its backend chosen) at import'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_main_restores_signal_handlers_and_leaves_no_process_group(tmp_path, data_dir):
+    """train.main's own finally puts back the caller's handlers, also when it stops on bad input."""
+    import signal
+
+    import torch
+
+    import train
+    from configurator import TrainConfig
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    cfg = TrainConfig(device="cpu", dtype="float32", max_seconds=0, max_iters=1, n_layer=1, n_head=2, n_embd=16,
+                      block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir), out_dir=str(tmp_path / "o"))
+    train.main(cfg)
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+    try:
+        train.main(TrainConfig(**{**cfg.__dict__, "data_dir": str(tmp_path / "missing")}))
+    except SystemExit as e:
+        assert e.code == 2
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+    assert not torch.distributed.is_initialized()
+    assert os.path.exists(tmp_path / "o" / "ckpt.pt")
