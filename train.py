@@ -188,18 +188,18 @@ class Clock:
     """Training time: wall-clock seconds across resumes, with evaluations left out."""
 
     def __init__(self, seconds_before=0.0):
-        self.seconds_before, self.started, self.paused_for = seconds_before, time.time(), 0.0
+        self.seconds_before, self.started, self.paused_for, self.paused_at = seconds_before, time.time(), 0.0, None
 
     def seconds(self):
-        return self.seconds_before + time.time() - self.started - self.paused_for
+        return self.seconds_before + (self.paused_at or time.time()) - self.started - self.paused_for
 
     @contextlib.contextmanager
     def paused(self):
-        paused_at = time.time()
+        self.paused_at = time.time()
         try:
             yield
         finally:
-            self.paused_for += time.time() - paused_at
+            self.paused_for, self.paused_at = self.paused_for + time.time() - self.paused_at, None
 
 
 @dataclass
@@ -267,11 +267,11 @@ def train(cfg, run, data, state, step_model, logger, stop):
         last = state.iter_num >= cfg.max_iters or out_of_time
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
             logger.check_finite(state.iter_num)
-            with state.clock.paused():
+            with state.clock.paused():  # evaluating, saving and drawing are not training time
                 losses = evaluate(state.model, data, cfg, run)
-            state.best_val_loss = min(state.best_val_loss, losses["val"])
-            save(state, cfg, data.meta, run, "evaluation", final=last)
-            logger.evaluation(state.iter_num, losses, elapsed)
+                state.best_val_loss = min(state.best_val_loss, losses["val"])
+                save(state, cfg, data.meta, run, "evaluation", final=last)
+                logger.evaluation(state.iter_num, losses, elapsed)
         if last:
             break
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)

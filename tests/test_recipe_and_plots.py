@@ -2,6 +2,7 @@
 from train.py and attention maps from sample.py, checked for size and content, not pixels."""
 import json
 import math
+import time
 
 import matplotlib.image
 import pytest
@@ -12,7 +13,7 @@ from configurator import TrainConfig
 from data.prepare import prepare_char
 from model import GPT, GPTConfig
 from sample import plot_attention
-from train import lr_multiplier
+from train import Clock, lr_multiplier
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 30
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
@@ -34,6 +35,18 @@ def test_time_driven_schedule_ends_fully_decayed():
     assert lr_multiplier(cfg, 500, 50.0) == pytest.approx(0.55)  # half the time: halfway down the cosine
     assert lr_multiplier(cfg, 900, 100.0) == pytest.approx(0.1)  # min_lr / learning_rate
     assert lr_multiplier(cfg, 999, 170.0) == pytest.approx(0.1)  # past the budget: stays at min_lr
+
+
+def test_clock_leaves_out_paused_time():
+    """The clock that drives the schedule stops while evaluating and saving, and carries on from a
+    resumed run's seconds."""
+    clock = Clock(seconds_before=10.0)
+    assert 10.0 <= clock.seconds() < 10.1
+    with clock.paused():
+        during = clock.seconds()
+        time.sleep(0.3)
+        assert clock.seconds() == during, "frozen while paused"
+    assert clock.seconds() - during < 0.1
 
 
 def test_iteration_schedule_decays_over_lr_decay_iters():
