@@ -378,8 +378,8 @@ def test_full_disk_at_save_time_keeps_the_previous_checkpoint(tmp_path, data_dir
     ~20 MB checkpoint does not. Saving fails cleanly and the old checkpoint stays loadable."""
     import resource
     out = tmp_path / "out"
-    wide = [*TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", f"--data_dir={data_dir}", f"--out_dir={out}",
-            "--eval_interval=2", "--log_interval=1"]
+    wide = [*TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw", f"--data_dir={data_dir}",
+            f"--out_dir={out}", "--eval_interval=2", "--log_interval=1"]
     first = subprocess.run([sys.executable, "train.py", *wide, "--max_iters=2"], cwd=ROOT, env=ENV,
                            capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, describe(first)
