@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import inspect
 import io
+import math
 import os
 import sys
 import tokenize
@@ -72,6 +73,8 @@ def convert(key, tp, value, from_text):
                 ok = False
     else:  # str
         ok = from_text or isinstance(value, str)
+    if ok and tp is float and not math.isfinite(float(value)):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if ok:
         return tp(value)
     raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")
@@ -250,11 +253,18 @@ class TrainConfig(GPTConfig):
         for name in ("batch_size", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters"):
+        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters",
+                     "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        for name in ("learning_rate", "muon_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         model_config(self, self.vocab_size or 1)  # the model's own checks (n_embd % n_head, ...)
 
 

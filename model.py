@@ -212,6 +212,9 @@ class GPT(nn.Module):
         cache, so both give the same tokens and the cache is rebuilt only once per half block.
         vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
         vocabulary was padded: the others never occur in the data)."""
+        check_sampling(temperature, top_k, top_p)
+        if idx.size(1) == 0:
+            raise ValueError("the prompt is empty: generation needs at least one token to condition on")
         block_size = self.config.block_size
         start = max(0, idx.size(1) - block_size)  # the window is idx[:, start:]
         cache = None
@@ -272,12 +275,24 @@ class GPT(nn.Module):
         return model
 
 
+def check_sampling(temperature, top_k, top_p):
+    """ValueError, saying why, for sampling options that cannot work."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None for all tokens), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
+
+
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
     softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # subtract the largest first: divided by a tiny temperature, the others go to -inf, never inf - inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))

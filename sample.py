@@ -15,7 +15,7 @@ from attention import Backend
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import DType, config_from_argv, fail, pick_device, pick_dtype
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
-from model import GPT
+from model import GPT, check_sampling
 
 
 @dataclass
@@ -38,16 +38,13 @@ class SampleConfig:
     attention_head: int = 0  # the head drawn large in the attention map
 
     def __post_init__(self):
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be at least 1 (or none), got {self.top_k}")
 
 
 def load_model(cfg):

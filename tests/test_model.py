@@ -443,6 +443,27 @@ def test_stream_samples_only_the_first_vocab_size_tokens():
     assert limited.max() < 10
 
 
+@pytest.mark.parametrize("options, match", [({"temperature": -1.0}, "temperature"),
+                                            ({"temperature": float("nan")}, "temperature"),
+                                            ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p")])
+def test_generate_refuses_options_it_cannot_sample_with(options, match):
+    with pytest.raises(ValueError, match=match):
+        make_gpt("manual").generate(rand_tokens(B, 4), 3, **options)
+
+
+def test_generate_refuses_an_empty_prompt():
+    with pytest.raises(ValueError, match="prompt is empty"):
+        make_gpt("manual").generate(torch.zeros(1, 0, dtype=torch.long), 3)
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    model = make_gpt("manual")
+    prompt = rand_tokens(B, 4)
+    with torch.no_grad():
+        tiny = model.generate(prompt, 10, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(tiny, model.generate(prompt, 10, temperature=0))
+
+
 def test_sample_next_temperature_zero_is_greedy():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1, keepdim=True))

@@ -295,11 +295,30 @@ def test_flag_without_equals(TrainConfig):
         load_config(TrainConfig, ["--compile"])
 
 
-@pytest.mark.parametrize("flag, key", [("--batch_size=0", "batch_size"), ("--max_iters=-1", "max_iters"),
-                                       ("--n_embd=30", "n_embd"), ("--dropout=1.0", "dropout")])
+@pytest.mark.parametrize("flag, key", [
+    ("--batch_size=0", "batch_size"), ("--max_iters=-1", "max_iters"), ("--n_embd=30", "n_embd"),
+    ("--dropout=1.0", "dropout"), ("--learning_rate=0", "learning_rate"), ("--learning_rate=-1", "learning_rate"),
+    ("--learning_rate=nan", "learning_rate"), ("--muon_lr=0", "muon_lr"), ("--min_lr=-1e-4", "min_lr"),
+    ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
+    ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
+    ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"),
+])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
         load_config(TrainConfig, ["--n_head=4", flag])
+
+
+def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
+    with pytest.raises(ConfigError, match="learning_rate must be a finite number"):
+        load_config(TrainConfig, [toml(tmp_path, "learning_rate = nan\n")])
+
+
+@pytest.mark.parametrize("flag, key", [("--temperature=nan", "temperature"), ("--temperature=-1", "temperature"),
+                                       ("--top_k=0", "top_k"), ("--top_p=0", "top_p"), ("--top_p=1.5", "top_p"),
+                                       ("--seed=18446744073709551616", "seed"), ("--seed=-1", "seed")])
+def test_sample_range_checks_are_config_errors(SampleConfig, flag, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(SampleConfig, [flag])
 
 
 def test_flag_without_equals_is_named_before_a_file_is_read(TrainConfig):
