@@ -34,29 +34,28 @@ def ckpt_path(out_dir):
 
 
 def save_checkpoint(state, path):
-    directory = os.path.dirname(os.path.abspath(path))
-    for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(os.path.basename(path))}.tmp*")):
-        os.remove(stale)  # left by a save that was killed; the checkpoint itself is intact
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    """Write state to path atomically. Temporary files left by a killed save are cleared, but never
+    one whose process is still alive (another run saving into the same out_dir)."""
+    pattern = os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))), f".{glob.escape(os.path.basename(path))}.tmp*")
+    for stale in glob.glob(pattern):
+        pid = stale.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            os.remove(stale)
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new one
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, RuntimeError):  # torch's zip writer reports a failed write (a full disk) this way
-            cause = e.__context__ if isinstance(e.__context__, OSError) else None
-            raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        fd = os.open(directory, os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(path, lambda f: torch.save(state, f))
+    except RuntimeError as e:  # torch's zip writer reports a failed write (a full disk) this way
+        cause = e.__context__ if isinstance(e.__context__, OSError) else None
+        raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load_checkpoint(path, map_location="cpu"):
@@ -115,8 +114,13 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
               "values, so this run will not match an uninterrupted one")
 
 
-def check_writable(out_dir):
-    """Find an unwritable or full out_dir before training, not after hours of it."""
+def check_out_dir(out_dir, resuming, overwrite):
+    """Before training, not after hours of it: a new run does not destroy a trained checkpoint
+    unless told to, and out_dir can be written (a 1 MiB probe: not full, not read-only)."""
+    path = ckpt_path(out_dir)
+    if not resuming and not overwrite and os.path.exists(path):
+        raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
+                         "--out_dir, or start again in this one with --overwrite=true")
     probe = os.path.join(out_dir, f".write-test{os.getpid()}")
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -154,11 +158,20 @@ def set_rng_state(state, generator):
 
 class MetricsLog:
     """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
-    Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png."""
+    Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
+    A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's
+    iteration (resumed_at). These are side outputs: a failure to write them warns once, and
+    training goes on."""
 
-    def __init__(self, out_dir, wandb=None):
+    def __init__(self, out_dir, resumed_at=None, wandb=None):
         self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
-        self.file, self.wandb = open(self.path, "a"), None
+        self.file, self.wandb, self.warned = None, None, False
+        kept = read_metrics(self.path, until=resumed_at) if resumed_at is not None else []
+        try:
+            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+            self.file = open(self.path, "a")
+        except OSError as e:
+            self.warn(e)
         if wandb is not None:
             import wandb as wandb_module
             project, name, config = wandb
@@ -170,19 +183,73 @@ class MetricsLog:
                       "`wandb sync wandb/offline-run-*`")
             self.wandb = wandb_module
 
+    def warn(self, error):
+        if not self.warned:
+            print(f"warning: could not write the metrics or loss curves in {os.path.dirname(self.path)} "
+                  f"({getattr(error, 'strerror', None) or error}); training and checkpoints go on")
+            self.warned = True
+
     def write(self, record):
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.wandb:
-            self.wandb.log(record, step=record["iter"])
+        try:
+            if self.file:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            if self.wandb:
+                self.wandb.log(record, step=record["iter"])
+        except Exception as e:  # a full disk, or wandb's own troubles: never the end of training
+            self.warn(e)
 
     def draw(self):
-        plot_losses(self.path, self.png)
+        try:
+            plot_losses(self.path, self.png)
+        except Exception as e:
+            self.warn(e)
 
     def close(self):
-        self.file.close()
+        if self.file:
+            self.file.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def read_metrics(path, until=None):
+    """The records of a metrics.jsonl, skipping a line that a crash left half-written; with until,
+    only those up to that iteration. No file: no records."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "iter" in record and (until is None or record["iter"] <= until):
+                    records.append(record)
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    return records
+
+
+def atomic_write(path, write):
+    """write(f) into a temporary file beside path, flush it to disk, then rename it over path:
+    readers, and a crash at any moment, see the old file or the new one, never half of one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX and Windows
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
+        fd = os.open(directory, os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def plot_losses(metrics_path, png_path):
@@ -191,8 +258,7 @@ def plot_losses(metrics_path, png_path):
     matplotlib.use("Agg")  # files only; works on machines without a screen
     import matplotlib.pyplot as plt
 
-    with open(metrics_path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    records = read_metrics(metrics_path)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -205,8 +271,10 @@ def plot_losses(metrics_path, png_path):
     axes[0].set_ylabel("cross-entropy loss")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    try:
+        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)
 
 
 class TrainingLog:
@@ -232,7 +300,8 @@ class TrainingLog:
         self.last_time, self.last_iter = time.time(), iter_num
         if self.master:
             wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
-            self.metrics = MetricsLog(self.cfg.out_dir, wandb)
+            resumed_at = iter_num if self.cfg.init_from == "resume" else None
+            self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
 
     def add_loss(self, loss):
         if self.master:

@@ -219,6 +219,7 @@ class TrainConfig(GPTConfig):
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
     init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
+    overwrite: bool = False  # a new run may replace a trained checkpoint in out_dir (else it refuses)
     eval_only: bool = False  # print the initial model's train and val loss, write nothing, stop
     eval_interval: int = 1000  # iterations between evaluations (and checkpoints)
     eval_iters: int = 200  # batches per evaluation; the same batches every time

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (TrainingLog, check_resumable, check_writable, ckpt_path, load_checkpoint,
+from checkpoint import (TrainingLog, check_out_dir, check_resumable, ckpt_path, load_checkpoint,
                         model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from configurator import TrainConfig, config_from_argv, fail, model_config, pick_device, pick_dtype
 from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
@@ -48,7 +48,7 @@ def main(cfg):
             seed(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, run)
             if run.master and not cfg.eval_only:
-                check_writable(cfg.out_dir)
+                check_out_dir(cfg.out_dir, resuming=checkpoint is not None, overwrite=cfg.overwrite)
         except (ValueError, OSError) as e:
             fail(e)
         model.to(run.device)

@@ -402,6 +402,17 @@ def test_full_disk_at_save_time_keeps_the_previous_checkpoint(tmp_path, data_dir
     assert [name for name in os.listdir(out) if name.startswith(".ckpt.pt.tmp")] == []
 
 
+def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path, data_dir, launch):
+    out = tmp_path / "out"
+    (out / "metrics.jsonl").mkdir(parents=True)  # neither side output can be written
+    (out / "loss.png").mkdir()
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4",
+                  "--eval_interval=2", "--log_interval=1")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.count("warning: could not write the metrics") == 1, proc.stdout
+    assert re.search(r"^iter 4: loss", proc.stdout, re.M) and load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
+
+
 # ---- H. bad input: exit 2, one line, no traceback, nothing written -------------------------------
 
 @dataclass
@@ -477,6 +488,8 @@ CASES = [
          lambda c: ["vocab_size=5", str(c.data), "--vocab_size=0"]),
     Case("block-size-larger-than-data", lambda c: train_args(c, "--block_size=100000"),
          lambda c: ["block_size=100000", "train.bin"]),
+    Case("new-run-over-a-trained-checkpoint", lambda c: train_args(c, out=c.ckpt_with(lambda ck: None)),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "--init_from=resume", "--out_dir", "--overwrite=true"]),
     Case("resume-without-checkpoint", lambda c: (c.dir / "out").mkdir() or train_args(c, "--init_from=resume"),
          lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
     Case("resume-other-model-shape",

@@ -192,6 +192,20 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert sample.stdout.startswith("Speak"), sample.stdout
 
 
+def test_a_new_run_starts_its_metrics_afresh_and_a_resumed_one_keeps_its_own(tmp_path, data_dir, launch):
+    out = tmp_path / "out"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2", "--log_interval=1"]
+    check_ok(launch("train.py", *args, "--max_iters=2"))
+    with open(out / "metrics.jsonl", "a") as f:  # what a crash after the checkpoint leaves: a later record, a torn line
+        f.write(json.dumps({"iter": 3, "loss": 1.0}) + '\n{"iter": 4, "lo')
+    check_ok(launch("train.py", *args, "--max_iters=4", "--init_from=resume"))
+    assert [r["iter"] for r in metrics(out) if "loss" in r] == [1, 2, 3, 4]
+    assert all(r.get("loss") != 1.0 for r in metrics(out)), "the record past the checkpoint was kept"
+    check_ok(launch("train.py", *args, "--max_iters=1", "--overwrite=true"))
+    assert [r["iter"] for r in metrics(out)] == [1, 1], "a new run's metrics mixed with the old run's"
+    assert load(out / "ckpt.pt")["iter_num"] == 1
+
+
 # ---- B. configuration -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
