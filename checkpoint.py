@@ -15,6 +15,7 @@ import math
 import os
 import pickle
 import random
+import socket
 import time
 import zipfile
 from dataclasses import asdict
@@ -116,7 +117,8 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
 
 def check_out_dir(out_dir, resuming, overwrite):
     """Before training, not after hours of it: a new run does not destroy a trained checkpoint
-    unless told to, and out_dir can be written (a 1 MiB probe: not full, not read-only)."""
+    unless told to, out_dir can be written (a 1 MiB probe: not full, not read-only), and it is
+    this run's alone (lock_out_dir)."""
     path = ckpt_path(out_dir)
     if not resuming and not overwrite and os.path.exists(path):
         raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
@@ -134,6 +136,41 @@ def check_out_dir(out_dir, resuming, overwrite):
     finally:
         if os.path.exists(probe):
             os.remove(probe)
+    lock_out_dir(out_dir)
+
+
+def lock_out_dir(out_dir):
+    """Claim out_dir for this process, so that two runs never share it: out_dir/.lock names the
+    host and process of the run that holds it. A lock whose process is gone (on this host) is
+    taken over; a live one is a ValueError naming that run."""
+    path, me = os.path.join(out_dir, ".lock"), f"{socket.gethostname()} {os.getpid()}"
+    while True:
+        try:
+            with open(path, "x") as f:
+                f.write(me)
+            return
+        except FileExistsError:
+            host, _, pid = read_lock(path).partition(" ")
+            if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
+                os.remove(path)  # left by a run that was killed
+                continue
+            raise ValueError(f"{out_dir} is in use by process {pid or '?'} on {host or '?'} (see {path}); wait for "
+                             f"that run to end or pick another --out_dir (delete {path} if that run is gone)") from None
+
+
+def unlock_out_dir(out_dir):
+    """Give out_dir back, if this process holds it."""
+    path = os.path.join(out_dir, ".lock")
+    if read_lock(path) == f"{socket.gethostname()} {os.getpid()}":
+        os.remove(path)
+
+
+def read_lock(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):  # none there, or no out_dir at all
+        return ""
 
 
 def rng_state(generator):

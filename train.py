@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (TrainingLog, check_out_dir, check_resumable, ckpt_path, load_checkpoint,
-                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state)
+                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
 from configurator import TrainConfig, config_from_argv, fail, model_config, pick_device, pick_dtype
 from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
 from data.prepare import prepare_shakespeare_char
@@ -72,6 +72,7 @@ def main(cfg):
         return model
     finally:
         stop.restore()
+        unlock_out_dir(cfg.out_dir)
         end_processes()
 
 

@@ -15,6 +15,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -411,6 +412,32 @@ def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path,
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.count("warning: could not write the metrics") == 1, proc.stdout
     assert re.search(r"^iter 4: loss", proc.stdout, re.M) and load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
+
+
+def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
+    """A second run on an out_dir in use stops with one line naming the first; once the first has
+    ended the out_dir is free again, and a lock left by a killed run is taken over."""
+    out = tmp_path / "out"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
+    first = subprocess.Popen([sys.executable, "train.py", *args, "--max_iters=100000"], cwd=ROOT, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = Lines(first)
+        lines.wait_for(r"^iter \d+: loss ")
+        second = launch("train.py", *args, "--max_iters=5")  # the first has no checkpoint yet
+        first.send_signal(signal.SIGINT)
+        rc, _, _ = lines.finish()
+    finally:
+        kill_quietly(first)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, describe(second)
+    line = single_error_line(second)
+    assert f"in use by process {first.pid} on {socket.gethostname()}" in line, line
+    assert rc == 128 + signal.SIGINT and not (out / ".lock").exists(), "the first run gave its out_dir back"
+    stopped_at = load_checkpoint(str(out / "ckpt.pt"))["iter_num"]
+    (out / ".lock").write_text(f"{socket.gethostname()} {first.pid}")  # as if it had been killed mid-run
+    resumed = launch("train.py", *args, "--init_from=resume", f"--max_iters={stopped_at + 1}")
+    assert resumed.returncode == 0, describe(resumed)
+    assert not (out / ".lock").exists()
 
 
 # ---- H. bad input: exit 2, one line, no traceback, nothing written -------------------------------
