@@ -26,6 +26,9 @@ import torch
 from configurator import fail
 from model import GPT, WEIGHT_SETTINGS, GPTConfig, peak_flops
 
+# what train.py writes into a checkpoint and needs back to resume
+RESUME_KEYS = ("model", "optimizer", "scaler", "model_config", "config", "tokenizer", "iter_num", "best_val_loss",
+               "trained_seconds", "rng")
 # settings a resumed run may change, at the price of not matching an uninterrupted run
 SCHEDULE_SETTINGS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
 
@@ -101,7 +104,14 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config, with vocab_size
     resolved from the data) asks for. It is compared with the first run's settings, not the model's:
     with init_from=gpt2 the weights decided the shape, and the same command line must resume."""
+    missing = [key for key in RESUME_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_KEYS
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
+                         "checkpoints, say, hold only weights this code reads differently); start a new run")
     saved, defaults = checkpoint["config"], type(cfg)()
+    if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
+        raise ValueError(f"{path} was trained with optimizer={saved.get('optimizer', defaults.optimizer)} "
+                         f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
     # a setting the first run's code did not have yet was at its default (which keeps old behaviour)
     differ = [f"{k}={saved.get(k, getattr(defaults, k))} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS
               if saved.get(k, getattr(defaults, k)) != getattr(cfg, k)]

@@ -5,17 +5,21 @@ Sample from a trained model, streaming tokens to the terminal as they are made:
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
 """
+import os
 import sys
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from attention import Backend
+from attention import Backend, check_backend
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import DType, config_from_argv, fail, pick_device, pick_dtype
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from model import GPT, check_sampling
+
+
+PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg")  # what --attention_map can write, by its extension
 
 
 @dataclass
@@ -41,6 +45,13 @@ class SampleConfig:
         check_sampling(self.temperature, self.top_k, self.top_p)
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if self.attention_map:
+            folder, extension = os.path.dirname(self.attention_map) or ".", os.path.splitext(self.attention_map)[1]
+            if extension.lower() not in PICTURE_FORMATS:
+                raise ValueError(f"attention_map={self.attention_map!r}: the extension picks the format, one of "
+                                 f"{', '.join(PICTURE_FORMATS)}")
+            if not os.path.isdir(folder):
+                raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.num_samples < 1:
@@ -60,6 +71,9 @@ def load_model(cfg):
     except (KeyError, TypeError) as e:
         raise ValueError(f"{path} does not match this code's model (an incompatible config): no tokenizer "
                          f"({type(e).__name__}: {e})") from None
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise ValueError(f"{path} holds non-finite (NaN or inf) weights: the run that wrote it diverged; "
+                         "train again with a lower --learning_rate")
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"{path}: its tokenizer has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.config.vocab_size}; the checkpoint is inconsistent")
@@ -85,6 +99,8 @@ def main(cfg):
     try:
         device = pick_device(cfg.device)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
+        if cfg.attention:
+            check_backend(cfg.attention, device.split(":")[0], dtype)
         model, tokenizer = load_model(cfg)
         prompt = cfg.start
         if prompt.startswith("FILE:"):

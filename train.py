@@ -45,7 +45,9 @@ def main(cfg):
             run = set_up(cfg)
             data = load_data(cfg, run)
             checkpoint = load_resume_point(cfg, data.meta, run)
-            seed(cfg.seed)
+            torch.manual_seed(cfg.seed)
+            random.seed(cfg.seed)
+            np.random.seed(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, run)
             if run.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=checkpoint is not None, overwrite=cfg.overwrite)
@@ -136,7 +138,8 @@ def load_data(cfg, run):
         prepare_shakespeare_char(cfg.data_dir)
     if run.distributed:
         torch.distributed.barrier()  # the first process of each machine may have been preparing it
-    data = Data(open_split(cfg.data_dir, "train"), open_split(cfg.data_dir, "val"), load_meta(cfg.data_dir))
+    meta = load_meta(cfg.data_dir)
+    data = Data(*(open_split(cfg.data_dir, split, meta["vocab_size"]) for split in ("train", "val")), meta)
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) <= cfg.block_size:
             raise ValueError(f"{cfg.data_dir}/{split}.bin has {len(tokens)} tokens, not more than "
@@ -158,12 +161,6 @@ def load_resume_point(cfg, meta, run):
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))
     check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, cfg.vocab_size or meta["vocab_size"], quiet=not run.master)
     return checkpoint
-
-
-def seed(value):
-    torch.manual_seed(value)
-    random.seed(value)
-    np.random.seed(value)
 
 
 def build_model(cfg, meta, checkpoint, run):

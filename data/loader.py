@@ -8,23 +8,34 @@ import os
 import numpy as np
 import torch
 
+from data.tokenizer import tokenizer_from_meta
+
 DTYPE = np.uint16  # token ids on disk; both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
 
 
 def load_meta(data_dir):
-    """The meta dict of a prepared data dir (see data.tokenizer.tokenizer_from_meta)."""
+    """The meta dict of a prepared data dir, checked to name a tokenizer this code has and its size."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise ValueError(f"no meta.json in {data_dir}: it was never prepared or the preparation was "
                          f"interrupted; run `python data/prepare.py` (Shakespeare) or "
                          f"`python data/prepare.py --input=FILE --out_dir={data_dir}`")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+        if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int)):
+            raise ValueError("it is not a JSON object with an integer vocab_size")
+        tokenizer_from_meta(meta)  # names a tokenizer this code has, and is whole
+    except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
+        why = f"it has no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise ValueError(f"{path} is damaged ({why}); prepare the data again with `python data/prepare.py`") from None
+    return meta
 
 
-def open_split(data_dir, split):
-    """train.bin / val.bin of data_dir as a read-only uint16 memmap."""
+def open_split(data_dir, split, vocab_size=None):
+    """train.bin / val.bin of data_dir as a read-only uint16 memmap; with vocab_size, checked once
+    (one pass over the file, not a cost per step) to hold no token id outside the vocabulary."""
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
         raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
@@ -34,7 +45,11 @@ def open_split(data_dir, split):
     if size == 0 or size % itemsize:
         raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of uint16 tokens: it is damaged "
                          "or from an interrupted run; prepare the data again")
-    return np.memmap(path, dtype=DTYPE, mode="r")
+    tokens = np.memmap(path, dtype=DTYPE, mode="r")
+    if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"{path} holds token id {int(tokens.max())}, outside meta.json's vocabulary of {vocab_size}: "
+                         "its files come from different preparations; prepare the data again")
+    return tokens
 
 
 class Batches:

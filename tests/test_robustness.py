@@ -524,6 +524,26 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "n_embd=16", "32"]),
     Case("gpt2-weights-on-char-data", lambda c: train_args(c, "--init_from=gpt2"),
          lambda c: ["init_from='gpt2'", "BPE", "char"]),
+    Case("meta-not-json", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text("{no"))),
+         lambda c: [str(c.dir / "data" / "meta.json"), "damaged"]),
+    Case("meta-unknown-tokenizer", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
+        '{"tokenizer": "sentencepiece", "vocab_size": 100}'))), lambda c: [str(c.dir / "data" / "meta.json"),
+                                                                           "sentencepiece"]),
+    Case("tokens-outside-the-vocabulary", lambda c: train_args(c, data=c.broken_data(
+        lambda d: open(d / "train.bin", "ab").write(b"\x60\xea"))), lambda c: [str(c.dir / "data" / "train.bin"), "60000"]),
+    Case("learning-rate-zero", lambda c: train_args(c, "--learning_rate=0"), lambda c: ["learning_rate", "positive"]),
+    Case("resume-a-foreign-checkpoint", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: [ck.pop(k) for k in ("rng", "scaler", "trained_seconds")])), lambda c: ["lacks", "rng", "scaler"]),
+    Case("resume-with-another-optimizer", lambda c: train_args(c, "--init_from=resume", "--optimizer=adamw",
+                                                               out=c.ckpt_with(lambda ck: None)),
+         lambda c: ["optimizer=muon", "now adamw"]),
+    Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
+        lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
+    Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),
+         lambda c: [f"there is no directory {c.dir}/no"]),
+    Case("sample-attention-map-unknown-format", lambda c: sample_args(c, f"--attention_map={c.dir}/a"),
+         lambda c: ["extension", ".png"]),
+    Case("sample-temperature-nan", lambda c: sample_args(c, "--temperature=nan"), lambda c: ["temperature", "finite"]),
     Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
          lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
     Case("sample-shape-mismatch",
