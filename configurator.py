@@ -140,7 +140,7 @@ def load_config(cls, argv):
         try:
             with open(path, "rb") as f:
                 table = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML files are UTF-8
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
         for key, value in table.items():
             check_key(key, path)

@@ -254,6 +254,9 @@ class GPT(nn.Module):
                              "and model.safetensors (or pytorch_model.bin)")
         with open(os.path.join(directory, "config.json")) as f:
             hf = json.load(f)
+        missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if k not in hf]
+        if missing:
+            raise ValueError(f"{directory}/config.json lacks {', '.join(missing)}: it is not a GPT-2 config")
         config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
                            n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, **overrides)
         model = cls(config)

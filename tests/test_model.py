@@ -359,6 +359,15 @@ def test_from_pretrained_refuses_overrides_that_change_the_weights(hf_gpt2, over
         GPT.from_pretrained(directory, **override)
 
 
+def test_from_pretrained_names_a_missing_config_field(hf_gpt2, tmp_path):
+    directory, *_ = hf_gpt2
+    cfg = json.load(open(f"{directory}/config.json"))
+    del cfg["n_head"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="config.json lacks n_head"):
+        GPT.from_pretrained(str(tmp_path))
+
+
 def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):
     directory, *_ = hf_gpt2
     cfg = json.load(open(f"{directory}/config.json"))

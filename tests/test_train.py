@@ -303,6 +303,13 @@ def test_invalid_toml(tmp_path, TrainConfig):
     assert path in str(e.value)
 
 
+def test_toml_that_is_not_utf8(tmp_path, TrainConfig):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('out_dir = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(TrainConfig, [str(path)])
+
+
 def test_flag_without_equals(TrainConfig):
     with pytest.raises(ConfigError, match="--key=value"):
         load_config(TrainConfig, ["--compile"])
