@@ -38,6 +38,17 @@ def fail(message, status=2):
     sys.exit(status)
 
 
+def fail_together(error):
+    """fail() on every process of a torchrun job if any of them found bad input (each says the first
+    rank's words), so that none is left waiting for the others; a single process just fails."""
+    if torch.distributed.is_initialized():
+        errors = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(errors, None if error is None else str(error))
+        error = next((e for e in errors if e), None)
+    if error:
+        fail(error)
+
+
 def type_name(tp):
     if typing.get_origin(tp) is typing.Literal:
         return " | ".join(repr(c) for c in typing.get_args(tp))

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from attention import check_backend
 from checkpoint import (TrainingLog, check_out_dir, check_resumable, ckpt_path, load_checkpoint,
                         model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
-from configurator import TrainConfig, config_from_argv, fail, model_config, pick_device, pick_dtype
+from configurator import TrainConfig, config_from_argv, fail, fail_together, model_config, pick_device, pick_dtype
 from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
 from data.prepare import prepare_shakespeare_char
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS
@@ -41,6 +41,7 @@ def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped)."""
     stop = StopRequest()  # Ctrl-C or SIGTERM: finish the step, save, exit non-zero
     try:
+        error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             run = set_up(cfg)
             data = load_data(cfg, run)
@@ -52,7 +53,8 @@ def main(cfg):
             if run.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=checkpoint is not None, overwrite=cfg.overwrite)
         except (ValueError, OSError) as e:
-            fail(e)
+            error = e
+        fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         model.to(run.device)
         if run.fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
             for block in model.transformer.h:
@@ -133,11 +135,13 @@ Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-map
 def load_data(cfg, run):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
     missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
-    if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and run.local_rank == 0:
-        print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
-        prepare_shakespeare_char(cfg.data_dir)
-    if run.distributed:
-        torch.distributed.barrier()  # the first process of each machine may have been preparing it
+    try:
+        if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and run.local_rank == 0:
+            print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
+            prepare_shakespeare_char(cfg.data_dir)
+    finally:  # the others wait for the first process of each machine, even if it failed
+        if run.distributed:
+            torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
     data = Data(*(open_split(cfg.data_dir, split, meta["vocab_size"]) for split in ("train", "val")), meta)
     for split, tokens in (("train", data.train), ("val", data.val)):

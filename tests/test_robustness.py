@@ -341,6 +341,23 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir
     assert "--init_from=resume" in ranks[0]["stdout"] and ranks[1]["stdout"] == ""  # only rank 0 speaks
 
 
+def test_under_torchrun_a_check_only_rank_0_makes_stops_every_rank_with_one_line(tmp_path, data_dir):
+    """out_dir is rank 0's to check and write; when it cannot be written, every rank says so in one
+    line and exits 2, rather than the others dying in a collective."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+           "--redirects=3", "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={blocker / 'out'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        stderr = next(logs.rglob(f"{rank}/stderr.log")).read_text()
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: cannot write to out_dir"), (rank, stderr[-3000:])
+    assert "exitcode: 2" in proc.stderr, proc.stderr[-2000:]  # torchrun's report of the failed workers
+
+
 # ---- F. non-finite loss -------------------------------------------------------------------------
 
 def test_non_finite_loss_stops_naming_the_iteration(tmp_path, data_dir, launch):
