@@ -392,9 +392,14 @@ def test_unwritable_out_dir_is_reported_before_training(tmp_path, data_dir, laun
 
 
 def test_full_disk_at_save_time_keeps_the_previous_checkpoint(tmp_path, data_dir):
-    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk: the 1 MiB write probe passes, the
-    ~20 MB checkpoint does not. Saving fails cleanly and the old checkpoint stays loadable."""
+    """Where no tmpfs can be mounted (not root), a file-size limit (RLIMIT_FSIZE) stands in for a full
+    disk: the 1 MiB write probe passes, the ~20 MB checkpoint does not. Saving fails cleanly and the
+    old checkpoint stays loadable. Where one can, the test with a real full disk below runs instead."""
     import resource
+    (tmp_path / "probe").mkdir()
+    if not mount_tmpfs(tmp_path / "probe", "1m"):
+        subprocess.run(["umount", str(tmp_path / "probe")], check=True)
+        pytest.skip("a tmpfs can be mounted here: test_a_full_disk_keeps_the_last_checkpoint... runs on a real one")
     out = tmp_path / "out"
     wide = [*TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw", f"--data_dir={data_dir}",
             f"--out_dir={out}", "--eval_interval=2", "--log_interval=1"]
@@ -455,6 +460,40 @@ def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
     resumed = launch("train.py", *args, "--init_from=resume", f"--max_iters={stopped_at + 1}")
     assert resumed.returncode == 0, describe(resumed)
     assert not (out / ".lock").exists()
+
+
+def mount_tmpfs(directory, size):
+    """Mount a tmpfs of size on directory; the reason it could not be (it needs root), or ""."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True)
+    return "" if mounted.returncode == 0 else f"cannot mount a tmpfs here: {mounted.stderr.strip()[:200]}"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 30 MB tmpfs: a real full disk. Mounting needs root (CI runs as root); elsewhere the test skips."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    why_not = mount_tmpfs(disk, "30m")
+    if why_not:
+        pytest.skip(why_not)
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, data_dir, launch):
+    """Each ~19 MB checkpoint fits once in 30 MB, not twice: the save at iteration 2 works, the one at
+    4 fails with a warning while training goes on, the last one (6) fails the run with one line."""
+    out = small_disk / "out"
+    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw",
+                  f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2", "--log_interval=1")
+    assert proc.returncode == 1, describe(proc)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stdout.count("warning: could not write") == 1 and re.search(r"^iter 6: loss", proc.stdout, re.M)
+    line = single_error_line(proc)
+    assert "iteration 6" in line and "No space left on device" in line and "previous checkpoint" in line, line
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "loss.png", "metrics.jsonl"]
 
 
 # ---- H. bad input: exit 2, one line, no traceback, nothing written -------------------------------
