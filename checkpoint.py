@@ -220,20 +220,13 @@ class MetricsLog:
         except OSError as e:
             self.warn(e)
         if wandb is not None:
-            import wandb as wandb_module
-            project, name, config = wandb
-            has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
-            mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
-            wandb_module.init(project=project, name=name, config=config, mode=mode)
-            if mode == "offline":
-                print("wandb: no API key found, logging offline to ./wandb; upload later with "
-                      "`wandb sync wandb/offline-run-*`")
-            self.wandb = wandb_module
+            self.wandb = start_wandb(*wandb, warn=self.warn)
 
     def warn(self, error):
         if not self.warned:
-            print(f"warning: could not write the metrics or loss curves in {os.path.dirname(self.path)} "
-                  f"({getattr(error, 'strerror', None) or error}); training and checkpoints go on")
+            print(f"warning: could not record the metrics (metrics.jsonl, loss.png or wandb) in "
+                  f"{os.path.dirname(self.path)}: {getattr(error, 'strerror', None) or error}; training and "
+                  "checkpoints go on")
             self.warned = True
 
     def write(self, record):
@@ -257,6 +250,22 @@ class MetricsLog:
             self.file.close()
         if self.wandb:
             self.wandb.finish()
+
+
+def start_wandb(project, name, config, warn):
+    """The wandb module, logging this run (offline when there is no API key); None, with a warning,
+    if it cannot start (no network for an online run, say): training goes on without it."""
+    import wandb
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
+    mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
+    try:
+        wandb.init(project=project, name=name, config=config, mode=mode)
+    except Exception as e:  # wandb raises its own kinds of errors
+        warn(e)
+        return None
+    if mode == "offline":
+        print("wandb: no API key found, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
+    return wandb
 
 
 def read_metrics(path, until=None):

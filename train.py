@@ -24,6 +24,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from attention import check_backend
@@ -39,7 +40,7 @@ EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val 
 
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped)."""
-    stop = StopRequest()  # Ctrl-C or SIGTERM: finish the step, save, exit non-zero
+    stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
     try:
         error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
@@ -67,7 +68,10 @@ def main(cfg):
         if checkpoint is not None:
             restore(state, checkpoint, ckpt_path(cfg.out_dir), run)
             del checkpoint  # free its memory
-        step_model = wrap(model, cfg, run)
+        step_model = torch.compile(model) if cfg.compile else model  # what the training step calls
+        if run.distributed and not run.fsdp:
+            step_model = DistributedDataParallel(step_model,
+                                                 device_ids=[run.local_rank] if run.device_type == "cuda" else None)
         logger = TrainingLog(cfg, run, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, run))
@@ -228,15 +232,6 @@ def restore(state, checkpoint, path, run):
         print(f"resuming from {path} at iteration {state.iter_num}")
 
 
-def wrap(model, cfg, run):
-    """The model as the training step calls it: compiled, and wrapped in DDP, if so configured."""
-    if cfg.compile:
-        model = torch.compile(model)
-    if run.distributed and not run.fsdp:
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[run.local_rank] if run.device_type == "cuda" else None)
-    return model
-
-
 @torch.no_grad()
 def evaluate(model, data, cfg, run):
     """Mean loss over the same eval_iters batches of each split every time, shared out between ranks."""
@@ -265,6 +260,7 @@ def train(cfg, run, data, state, step_model, logger, stop):
     stop at max_iters, at max_seconds of training, or on a signal."""
     start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
     logger.open(state.iter_num)
+    stop.start()
     while True:
         last = state.iter_num >= cfg.max_iters or out_of_time
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
@@ -350,10 +346,12 @@ def agree(run, signum, elapsed):
 
 
 class StopRequest:
-    """Remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step, until restore()."""
+    """From start() until restore(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step."""
 
     def __init__(self):
-        self.signum = 0
+        self.signum, self.previous = 0, {}
+
+    def start(self):
         self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def request(self, signum, frame):

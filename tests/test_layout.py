@@ -66,6 +66,8 @@ def test_main_restores_signal_handlers_and_leaves_no_process_group(tmp_path, dat
     import train
     from configurator import TrainConfig
     before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    train.StopRequest()  # until training starts, Ctrl-C interrupts as usual (a long download, say)
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
     cfg = TrainConfig(device="cpu", dtype="float32", max_seconds=0, max_iters=1, n_layer=1, n_head=2, n_embd=16,
                       block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir), out_dir=str(tmp_path / "o"))
     train.main(cfg)

@@ -432,7 +432,7 @@ def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path,
     proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4",
                   "--eval_interval=2", "--log_interval=1")
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.count("warning: could not write the metrics") == 1, proc.stdout
+    assert proc.stdout.count("warning: could not record the metrics") == 1, proc.stdout
     assert re.search(r"^iter 4: loss", proc.stdout, re.M) and load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
 
 
@@ -662,3 +662,19 @@ def test_bad_input(case, bad_input_runs):
     assert after == before, "files changed on disk: " + ", ".join(
         sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p)))
     case.extra(ctx)
+
+
+def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    from checkpoint import MetricsLog
+
+    def refuse(**kwargs):
+        raise RuntimeError("wandb.init timed out (no network)")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log.write({"iter": 1, "loss": 2.0})
+    log.close()
+    assert capsys.readouterr().out.count("warning: could not record the metrics") == 1
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
