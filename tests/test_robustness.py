@@ -110,6 +110,19 @@ def kill_quietly(proc):
         proc.wait(timeout=30)
 
 
+def start_long_run(args):
+    """A plain `python train.py ARGS --max_iters=100000` process, once it has logged its first step."""
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--max_iters=100000"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for(r"^iter \d+: loss ")
+    except BaseException:
+        kill_quietly(proc)
+        raise
+    return proc, lines
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_dir, launch):
     """out_dir of a 2-iteration training run: ckpt.pt, metrics.jsonl."""
@@ -268,11 +281,8 @@ def test_sample_loads_a_wrapped_checkpoint(tmp_path):
 def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
-    proc = subprocess.Popen([sys.executable, "train.py", *args, "--max_iters=100000"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, lines = start_long_run(args)
     try:
-        lines = Lines(proc)
-        lines.wait_for(r"^iter \d+: loss ")
         proc.send_signal(signum)
         rc, stdout, stderr = lines.finish()
     finally:
@@ -441,11 +451,8 @@ def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
     ended the out_dir is free again, and a lock left by a killed run is taken over."""
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
-    first = subprocess.Popen([sys.executable, "train.py", *args, "--max_iters=100000"], cwd=ROOT, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first, lines = start_long_run(args)
     try:
-        lines = Lines(first)
-        lines.wait_for(r"^iter \d+: loss ")
         second = launch("train.py", *args, "--max_iters=5")  # the first has no checkpoint yet
         first.send_signal(signal.SIGINT)
         rc, _, _ = lines.finish()
