@@ -184,6 +184,9 @@ def pick_device(name):
     kind = name.split(":")[0]
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use --device=cpu (or auto)")
+    index = name.partition(":")[2]
+    if kind == "cuda" and index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise ValueError(f"device={name!r}: this machine has CUDA devices 0 to {torch.cuda.device_count() - 1}")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={name!r} but MPS is not available here; use --device=cpu (or auto)")
     if kind not in ("cpu", "cuda", "mps"):

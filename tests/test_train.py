@@ -361,6 +361,16 @@ def test_help_says_what_every_setting_means(launch, script):
     assert len(starts) == 1, f"{script}: meanings do not start in one column"
 
 
+@pytest.mark.parametrize("name", ["cuda:1", "cuda:x", "cuda:-1"])
+def test_a_cuda_device_that_is_not_there(monkeypatch, name):
+    from configurator import pick_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with one GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match="CUDA devices 0 to 0"):
+        pick_device(name)
+
+
 def test_shipped_configs_load(TrainConfig):
     for path in sorted(Path(ROOT, "configs").glob("*.toml")):
         load_config(TrainConfig, [str(path)])
