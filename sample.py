@@ -5,6 +5,9 @@ Sample from a trained model, streaming tokens to the terminal as they are made:
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
 """
+import base64
+import html
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -13,13 +16,13 @@ from typing import Optional
 import torch
 
 from attention import Backend, check_backend
-from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from checkpoint import atomic_write, ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import DType, config_from_argv, fail, pick_device, pick_dtype
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from model import GPT, check_sampling
 
 
-PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg")  # what --attention_map can write, by its extension
+PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_map writes, by its extension
 
 
 @dataclass
@@ -37,7 +40,7 @@ class SampleConfig:
     dtype: DType = "auto"  # autocast precision; auto: bf16/fp16 on GPUs, fp32 on CPUs
     attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
-    attention_map: str = ""  # a .png path: draw the prompt's attention weights there instead of sampling
+    attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
     attention_layer: int = 0  # the layer drawn large in the attention map
     attention_head: int = 0  # the head drawn large in the attention map
 
@@ -82,15 +85,26 @@ def load_model(cfg):
 
 @torch.no_grad()
 def draw_attention(model, tokenizer, ids, cfg):
-    """The attention weights of the prompt, every layer and head, as a picture."""
+    """The attention weights, every layer and head: of the prompt as a picture, or, as an interactive
+    page (.html), of the prompt and the max_new_tokens that the model first writes after it."""
     c = model.config
     if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
         fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")
+    device = next(model.parameters()).device
+    page = cfg.attention_map.lower().endswith(".html")
+    if page and cfg.max_new_tokens:
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        ids = model.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, temperature=cfg.temperature,
+                             top_k=cfg.top_k, top_p=cfg.top_p, generator=generator,
+                             vocab_size=tokenizer.vocab_size)[0].tolist()
     ids = ids[-c.block_size:]
-    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    weights = model.attention_weights(idx)  # per layer (1, nh, T, T)
-    plot_attention([w[0] for w in weights], [tokenizer.decode([i]) for i in ids], cfg.attention_map,
-                   cfg.attention_layer, cfg.attention_head)
+    weights = [w[0] for w in model.attention_weights(torch.tensor([ids], device=device))]  # per layer (nh, T, T)
+    labels = [tokenizer.decode([i]) for i in ids]
+    if page:
+        write_attention_page(weights, labels, cfg.attention_map, cfg.init_from if cfg.init_from != "resume"
+                             else ckpt_path(cfg.out_dir))
+    else:
+        plot_attention(weights, labels, cfg.attention_map, cfg.attention_layer, cfg.attention_head)
     print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
 
 
@@ -138,6 +152,23 @@ def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
                     pending = []
         sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
         sys.stdout.flush()
+
+
+def write_attention_page(weights, labels, path, title):
+    """One self-contained HTML page (assets/attention_page.html filled in) to explore the weights:
+    per layer (nh, T, T); labels: the T tokens as text. Each head's lower triangle is kept, rounded
+    to a byte (1/255), so a block of 256 tokens x 144 heads (GPT-2) is about 6 MB."""
+    T = len(labels)
+    lower = torch.ones(T, T, dtype=torch.bool).tril()  # row i holds weights 0..i; the rest are masked
+    packed = torch.cat([(w.float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)[:, lower].flatten()
+                        for w in weights])  # layer by layer, head by head, row by row
+    data = {"tokens": labels, "n_layer": len(weights), "n_head": weights[0].size(0),
+            "weights": base64.b64encode(packed.numpy().tobytes()).decode("ascii")}
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "attention_page.html"),
+              encoding="utf-8") as f:
+        page = f.read()
+    page = page.replace("__TITLE__", html.escape(title)).replace("__DATA__", json.dumps(data).replace("</", "<\\/"))
+    atomic_write(path, lambda f: f.write(page.encode("utf-8")))
 
 
 def plot_attention(weights, labels, png_path, layer=0, head=0):
