@@ -4,6 +4,7 @@ Sample from a trained model, streaming tokens to the terminal as they are made:
     python sample.py                                   # from out/ckpt.pt, which `python train.py` writes
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
+    python sample.py --start="ROMEO:" --max_new_tokens=40 --attention_map=attn.html   # explore its attention
 """
 import base64
 import html
@@ -86,7 +87,8 @@ def load_model(cfg):
 @torch.no_grad()
 def draw_attention(model, tokenizer, ids, cfg):
     """The attention weights, every layer and head: of the prompt as a picture, or, as an interactive
-    page (.html), of the prompt and the max_new_tokens that the model first writes after it."""
+    page (.html), of the prompt and the max_new_tokens that the model first writes after it (the last
+    block_size tokens of them: the window the model sees)."""
     c = model.config
     if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
         fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")

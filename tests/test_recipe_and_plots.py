@@ -145,3 +145,24 @@ def test_attention_map_from_gpt2_weights(tmp_path, launch):
     assert proc.returncode == 0, proc.stderr
     assert "2 layers x 2 heads over 7 tokens" in proc.stdout  # GPT-2 BPE tokens, labelled one by one
     assert_picture(png, (1000, 500))
+
+
+def test_attention_page_from_gpt2_weights_shows_bpe_pieces_readably(tmp_path, launch):
+    """The .html page from GPT-2 weights: BPE pieces as text, their leading spaces kept (the page shows
+    them as visible marks), the weights a byte per entry of each head's lower triangle."""
+    import base64
+    import re
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64)).save_pretrained(tmp_path / "gpt2")
+    page = tmp_path / "attn.html"
+    proc = launch("sample.py", f"--init_from={tmp_path / 'gpt2'}", "--start=Hello world, said the model.",
+                  f"--attention_map={page}", "--max_new_tokens=3", "--device=cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 layers x 2 heads over 10 tokens" in proc.stdout
+    text = page.read_text(encoding="utf-8")
+    assert "<script src" not in text and "http" not in text.split("<script>")[1], "the page must need no network"
+    data = json.loads(re.search(r"const DATA = (\{.*?\});", text).group(1))
+    assert data["tokens"][:3] == ["Hello", " world", ","] and len(data["tokens"]) == 10
+    assert len(base64.b64decode(data["weights"])) == 2 * 2 * 10 * 11 // 2
