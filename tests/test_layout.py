@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import ENV, ROOT
 
 CARD = ("attention.py", "model.py", "train.py", "sample.py")
@@ -72,10 +74,9 @@ def test_main_restores_signal_handlers_and_leaves_no_process_group(tmp_path, dat
                       block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir), out_dir=str(tmp_path / "o"))
     train.main(cfg)
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
-    try:
+    with pytest.raises(SystemExit) as stopped:
         train.main(TrainConfig(**{**cfg.__dict__, "data_dir": str(tmp_path / "missing")}))
-    except SystemExit as e:
-        assert e.code == 2
+    assert stopped.value.code == 2
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
     assert not torch.distributed.is_initialized()
     assert os.path.exists(tmp_path / "o" / "ckpt.pt")
