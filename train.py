@@ -62,7 +62,7 @@ def main(cfg):
                 fully_shard(block)
             fully_shard(model)
         optimizers = model.configure_optimizers(cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
-                                                (cfg.beta1, cfg.beta2), cfg.muon_lr, run.device_type)
+                                                (cfg.beta1, cfg.beta2), cfg.muon_lr, run.device_type, run.dtype)
         state = TrainState(model, optimizers, torch.amp.GradScaler(run.device_type, enabled=run.dtype == torch.float16),
                            Batches(data.train, cfg.block_size, cfg.batch_size, cfg.seed, run.device))
         if checkpoint is not None:

@@ -150,7 +150,8 @@ class Variant:
         torch.manual_seed(seed)  # the same initial weights for every variant
         self.raw = GPT(replace(model_config(tcfg, vocab), attention=spec["attention"])).to(device)
         self.optimizers = self.raw.configure_optimizers(spec["optimizer"], tcfg.learning_rate, tcfg.weight_decay,
-                                                        (tcfg.beta1, tcfg.beta2), tcfg.muon_lr, device_type)
+                                                        (tcfg.beta1, tcfg.beta2), tcfg.muon_lr, device_type,
+                                                        self.dtype)
         self.model = torch.compile(self.raw) if spec["compile"] else self.raw
         self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)

@@ -11,7 +11,7 @@ import torch
 from checkpoint import plot_losses
 from configurator import TrainConfig
 from data.prepare import prepare_char
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Muon, orthogonalize
 from sample import plot_attention
 from train import Clock, lr_multiplier
 
@@ -61,7 +61,8 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16))
     adamw, muon = model.configure_optimizers("muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
                                              device_type="cpu")
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert muon.param_groups[0]["ns_dtype"] == torch.float32  # an fp32 run does not emulate bf16 matmuls
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     in_adamw = {id(p) for g in adamw.param_groups for p in g["params"]}
     blocks_2d = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
@@ -70,6 +71,32 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert id(model.transformer.wte.weight) in in_adamw  # embeddings (tied to the head) stay with AdamW
     for optimizer in (adamw, muon):
         assert all(g["initial_lr"] == g["lr"] for g in optimizer.param_groups)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_muon_makes_the_same_steps_as_torch_muon(weight_decay):
+    """model.Muon batches the matrices of one shape; in bf16 its steps are torch.optim.Muon's."""
+    torch.manual_seed(0)
+    shapes = [(48, 16), (48, 16), (16, 16), (16, 64), (16, 64), (16, 16)]  # tall, square and wide, two of each
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opts = (Muon(ours, lr=0.02, weight_decay=weight_decay, ns_dtype=torch.bfloat16),
+            torch.optim.Muon(theirs, lr=0.02, weight_decay=weight_decay))
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for params, opt in zip((ours, theirs), opts):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert not torch.equal(ours[0], ours[1])  # the same shape, different matrices: no mix-up in the batch
+
+
+def test_orthogonalize_in_fp32_brings_every_singular_value_near_one():
+    g = torch.randn(3, 40, 24) * torch.logspace(-2, 0, 24)  # singular values over two decades
+    singular = torch.linalg.svdvals(orthogonalize(g, steps=5))
+    assert singular.min() > 0.5 and singular.max() < 1.3, singular
 
 
 def test_time_limited_run_stops_on_time_decayed_and_draws_its_loss_curve(tmp_path, launch):
