@@ -34,22 +34,29 @@ except ImportError:
     fa3_func = None
 
 
+def dropout(x, p, training=True):
+    """F.dropout, not even called where it does nothing (sampling, or p=0): when a token costs a few
+    microseconds of work per op, every call that does nothing shows."""
+    return F.dropout(x, p) if training and p > 0 else x
+
+
 def manual_attention(q, k, v, mask=None, dropout_p=0.0):
     """q: (B, nh, Tq, hs), k and v: (B, nh, Tk, hs); mask: (Tq, Tk), True where a query may look."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # the future gets zero weight after softmax
     weights = F.softmax(scores, dim=-1)  # each row sums to one
-    y = F.dropout(weights, dropout_p) @ v  # (B, nh, Tq, hs)
+    y = dropout(weights, dropout_p) @ v  # (B, nh, Tq, hs)
     return y, weights
 
 
 def apply_rotary(x, cos, sin):
     """Rotary position embedding (RoPE): turn each channel pair (x1, x2) of q or k by an angle that
     grows with the position, so q·k depends only on how far apart two tokens are. x: (B, nh, T, hs),
-    cos and sin: (T, hs/2)."""
+    pairing channel i with i + hs/2; cos and sin: (T, hs), each angle's twice, sin's first half
+    negated (GPT.__init__), so that the turn (x1 cos - x2 sin, x2 cos + x1 sin) is x cos + (x2, x1) sin."""
     x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+    return (x.float() * cos + torch.cat([x2, x1], dim=-1) * sin).type_as(x)
 
 
 def causal_mask(n_query, n_key, device=None):
@@ -129,7 +136,6 @@ class MultiHeadAttention(nn.Module):
         self.n_head, self.dropout, self.backend, self.causal, self.qk_norm = n_head, dropout, backend, causal, qk_norm
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
-        self.resid_dropout = nn.Dropout(dropout)
         # keep_weights=True: forward goes through manual_attention and keeps its weights in
         # self.weights, (B, nh, Tq, Tk), for pictures and tests (fused kernels never form them)
         self.keep_weights, self.weights = False, None
@@ -168,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         else:
             y = self.flash(q, k, v, causal, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side again
-        return self.resid_dropout(self.c_proj(y))
+        return dropout(self.c_proj(y), self.dropout, self.training)
 
     def sdpa(self, q, k, v, causal, dropout_p):
         Tq, Tk = q.size(2), k.size(2)

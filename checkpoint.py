@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from configurator import fail
-from model import GPT, WEIGHT_SETTINGS, GPTConfig, peak_flops
+from model import BUSY_SHARE, GPT, WEIGHT_SETTINGS, GPTConfig, peak_flops
 
 # what train.py writes into a checkpoint and needs back to resume
 RESUME_KEYS = ("model", "optimizer", "scaler", "model_config", "config", "tokenizer", "iter_num", "best_val_loss",
@@ -345,15 +345,17 @@ class TrainingLog:
         self.tokens_per_iter = run.accumulation_steps * cfg.batch_size * cfg.block_size
         self.flops_per_iter = model.flops_per_token() * self.tokens_per_iter / run.world_size
         self.peak, source = peak_flops(run.device_type, run.dtype) if run.master else (None, "")
+        self.device_type, self.dtype = run.device_type, run.dtype
+        self.best_tokens_per_s, self.warned_slow = 0.0, False
         if run.master:
             print(f"{model.num_params() / 1e6:.2f}M parameters | device {run.device} | dtype {str(run.dtype)[6:]} | "
-                  f"attention {cfg.attention} | {run.world_size} process(es) "
+                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {run.world_size} process(es) "
                   f"{cfg.parallelism if run.distributed else ''}| {self.tokens_per_iter:,} tokens/iter | "
                   f"MFU against {source}")
 
     def open(self, iter_num):
         """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
-        self.last_time, self.last_iter = time.time(), iter_num
+        self.last_time, self.last_cpu, self.last_iter = time.time(), time.process_time(), iter_num
         if self.master:
             wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
             resumed_at = iter_num if self.cfg.init_from == "resume" else None
@@ -378,17 +380,36 @@ class TrainingLog:
         if not self.master:
             return
         self.check_finite(iter_num)
-        now = time.time()
+        now, cpu = time.time(), time.process_time()
         seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
-        mfu = self.flops_per_iter / seconds_per_iter / self.peak if self.peak else float("nan")
+        tokens_per_s = self.tokens_per_iter / seconds_per_iter
+        flops = self.flops_per_iter / seconds_per_iter
+        if self.peak and self.device_type == "cpu" and flops > self.peak:  # the probe was low (a busy moment): raise it
+            self.peak = peak_flops(self.device_type, self.dtype, seen=flops)[0]
+        mfu = flops / self.peak if self.peak else float("nan")
         loss = torch.stack(self.losses).float().mean().item()
         print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
-              f"{self.tokens_per_iter / seconds_per_iter:,.0f} tokens/s, MFU {mfu:.1%}")
+              f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
         self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
-                            "tokens_per_s": self.tokens_per_iter / seconds_per_iter, "mfu": mfu,
-                            "seconds": round(seconds, 3)})
+                            "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
+        if self.device_type == "cpu":
+            self.check_speed(tokens_per_s, (cpu - self.last_cpu) / (now - self.last_time))
         self.losses.clear()
-        self.last_time, self.last_iter = now, iter_num
+        self.last_time, self.last_cpu, self.last_iter = now, cpu, iter_num
+
+    def check_speed(self, tokens_per_s, cpus_busy):
+        """Say once if the CPUs are shared: the process gets well under the CPU time its threads
+        could use, or runs at a third of its own best speed. Waiting threads can then make each
+        step many times slower than this machine can (see configurator.pick_threads)."""
+        threads = torch.get_num_threads()
+        self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
+        starved = threads > 1 and cpus_busy < BUSY_SHARE * threads
+        if self.warned_slow or not (starved or tokens_per_s < self.best_tokens_per_s / 3):
+            return
+        self.warned_slow = True
+        print(f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
+              f"{self.best_tokens_per_s:,.0f}; it used {cpus_busy:.1f} of its {threads} threads' CPU time): another "
+              f"process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work")
 
     def evaluation(self, iter_num, losses, seconds=None):
         if not self.master:

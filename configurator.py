@@ -210,6 +210,22 @@ def pick_dtype(name, device_type, training=True):
     return dtype
 
 
+def pick_threads(n, processes_here=1):
+    """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
+    this process may run on (its affinity: a container or taskset may allow fewer than the machine
+    has), shared among the processes torchrun started on this machine. More threads than free
+    cores is the worst case: OpenMP threads spin waiting for each other (one busy neighbour made a
+    step 20x slower with 2 threads on 2 cores, 2.5x with 1)."""
+    if n < 0:
+        raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+    if n:
+        return n
+    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, usable // processes_here)
+
+
 def cpu_has_bf16():
     """bf16 autocast pays on CPUs with bf16 matrix instructions (see bench/train.py); elsewhere fp32."""
     try:
@@ -260,6 +276,7 @@ class TrainConfig(GPTConfig):
     # system
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
+    threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
     compile: bool = False  # torch.compile the model
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337  # for the weights, the batches and dropout
@@ -269,7 +286,7 @@ class TrainConfig(GPTConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters",
-                     "min_lr", "weight_decay", "grad_clip"):
+                     "min_lr", "weight_decay", "grad_clip", "threads"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("learning_rate", "muon_lr"):

@@ -18,7 +18,7 @@ import torch
 
 from attention import Backend, check_backend
 from checkpoint import atomic_write, ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import DType, config_from_argv, fail, pick_device, pick_dtype
+from configurator import DType, config_from_argv, fail, pick_device, pick_dtype, pick_threads
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from model import GPT, check_sampling
 
@@ -31,7 +31,7 @@ class SampleConfig:
     out_dir: str = "out"  # where train.py wrote ckpt.pt
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
-    num_samples: int = 2  # how many samples
+    num_samples: int = 2  # how many samples, drawn together as one batch
     max_new_tokens: int = 500  # tokens to write per sample
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
     top_k: Optional[int] = 200  # sample only from the k most likely tokens (none: all)
@@ -39,6 +39,7 @@ class SampleConfig:
     seed: int = 1337  # the same seed gives the same samples
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16/fp16 on GPUs, fp32 on CPUs
+    threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
@@ -58,6 +59,8 @@ class SampleConfig:
                 raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {self.threads}")
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
 
@@ -115,6 +118,7 @@ def main(cfg):
     try:
         device = pick_device(cfg.device)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
+        torch.set_num_threads(pick_threads(cfg.threads))
         if cfg.attention:
             check_backend(cfg.attention, device.split(":")[0], dtype)
         model, tokenizer = load_model(cfg)
@@ -135,25 +139,29 @@ def main(cfg):
 
 
 def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
-    """num_samples continuations of the prompt, each streamed to stdout token by token."""
+    """num_samples continuations of the prompt, sampled together as one batch: the first is
+    streamed to stdout token by token, the others follow when the batch is done."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    for _ in range(cfg.num_samples):
-        sys.stdout.write(prompt)
-        pending = []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
-        with autocast:
-            for token in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                      cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
-                pending.append(token.item())
-                text = tokenizer.decode(pending)
-                if not text.endswith("\ufffd"):
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-                    pending = []
-        sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
-        sys.stdout.flush()
+    new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
+    sys.stdout.write(prompt)
+    with autocast:
+        for tokens in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                   cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
+            new.append(tokens)  # (num_samples, 1)
+            pending.append(tokens[0, 0].item())
+            text = tokenizer.decode(pending)
+            if not text.endswith("\ufffd"):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                pending = []
+    sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
+    rows = torch.cat(new, dim=1).tolist() if new else [[] for _ in range(cfg.num_samples)]
+    for row in rows[1:]:
+        sys.stdout.write(prompt + tokenizer.decode(row) + "\n---------------\n")
+    sys.stdout.flush()
 
 
 def write_attention_page(weights, labels, path, title):

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from attention import check_backend
 from checkpoint import (TrainingLog, check_out_dir, check_resumable, ckpt_path, load_checkpoint,
                         model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
-from configurator import TrainConfig, config_from_argv, fail, fail_together, model_config, pick_device, pick_dtype
+from configurator import (TrainConfig, config_from_argv, fail, fail_together, model_config, pick_device, pick_dtype,
+                          pick_threads)
 from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
 from data.prepare import prepare_shakespeare_char
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS
@@ -116,6 +117,7 @@ def set_up(cfg):
     if distributed and device.startswith("cuda"):
         device = f"cuda:{local_rank}"
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
+    torch.set_num_threads(pick_threads(cfg.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     check_backend(cfg.attention, device.split(":")[0], dtype, cfg.dropout)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":

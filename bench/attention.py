@@ -66,7 +66,7 @@ class AttentionBench:
     min_sample_s: float = 0.02  # each timing sample runs back-to-back calls until at least this long
     time_budget: float = 20.0  # seconds for one forward + backward; above it a backend stops growing T
     memory: bool = True  # measure peak memory (on CPU: one subprocess per backend and T)
-    threads: int = 0  # torch threads; 0: torch's default
+    threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 0  # for the weights and inputs
     out: str = ""  # JSON path; "": bench/results/attention-<device>.json
     single: str = ""  # internal: "backend:T" measures one point (CPU peak memory) and prints JSON

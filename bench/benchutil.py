@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, fail, load_config, pick_device, pick_dtype
+from configurator import ConfigError, fail, load_config, pick_device, pick_dtype, pick_threads
 from model import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,8 +72,11 @@ def default_out(name, device):
 
 
 def set_threads(n):
-    if n > 0:
-        torch.set_num_threads(n)
+    """torch's CPU threads, as train.py picks them (configurator.pick_threads; 0: the usable CPUs)."""
+    try:
+        torch.set_num_threads(pick_threads(n))
+    except ValueError as e:
+        fail(e)
 
 
 def git_commit():

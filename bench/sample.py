@@ -38,6 +38,7 @@ from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, resolve_dtype, set_threads, summary, timed, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from configurator import TrainConfig
 from data.loader import SHAKESPEARE_CHAR_DIR, load_meta
 from model import GPT, GPTConfig
 
@@ -65,7 +66,7 @@ class SampleBench:
     warmup_tokens: int = 32  # each path generates this many untimed first
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # autocast dtype, as sample.py
-    threads: int = 0  # torch threads; 0: torch's default
+    threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the random weights, the prompt and every run's generator
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json
 
@@ -97,7 +98,8 @@ def build_model(cfg, device):
             vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
         try:
             config = GPTConfig(vocab_size=vocab, block_size=cfg.block_size or NANOGPT_BLOCK, n_layer=cfg.n_layer,
-                               n_head=cfg.n_head, n_embd=cfg.n_embd, attention=cfg.attention or "manual")
+                               n_head=cfg.n_head, n_embd=cfg.n_embd, attention=cfg.attention or TrainConfig.attention,
+                               pos_embedding=TrainConfig.pos_embedding)  # train.py's model
         except ValueError as e:
             fail(e)
         torch.manual_seed(cfg.seed)

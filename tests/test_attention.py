@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention import BACKENDS, KVCache, MultiHeadAttention, causal_mask, check_backend, manual_attention
+from attention import (BACKENDS, KVCache, MultiHeadAttention, apply_rotary, causal_mask, check_backend,
+                       manual_attention)
 from helpers import assert_causal_weights
+from model import GPT, GPTConfig
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
 FUSED_BACKENDS = ["sdpa", "flash"]  # compared against "manual"
@@ -373,3 +375,22 @@ def test_dropout_is_applied_in_training_only(backend):
         torch.testing.assert_close(m(x), m(x), atol=0, rtol=0)
         m.train()
         assert not torch.allclose(m(x), m(x)), "dropout=0.5 in training should make outputs random"
+
+
+def test_rotary_turns_pairs_so_scores_depend_only_on_distance():
+    """apply_rotary with GPT's tables: a rotation (lengths kept) whose q·k depends on how far apart
+    the two positions are, not on where they are; and the pairs are (i, i + hs/2), as trained."""
+    model = GPT(GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=16, pos_embedding="rope"))
+    cos, sin = model.rope_cos, model.rope_sin  # (16, 8)
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 8)
+    at = lambda x, pos: apply_rotary(x.expand(1, 1, 16, 8), cos, sin)[0, 0, pos]  # x placed at position pos
+    torch.testing.assert_close(at(q, 5).norm(), q.norm())
+    for shift in (1, 4, 9):
+        torch.testing.assert_close(at(q, 3 + shift) @ at(k, 3), at(q, 6 + shift) @ at(k, 6))
+    assert not torch.allclose(at(q, 4) @ at(k, 3), at(q, 9) @ at(k, 3))
+    angle = cos[1, 0].acos()  # position 1 turns the pair (channel 0, channel 4) by the first angle
+    e0 = torch.zeros(8)
+    e0[0] = 1.0
+    turned = at(e0.view(1, 1, 1, 8), 1)
+    torch.testing.assert_close(turned[[0, 4]], torch.stack([angle.cos(), angle.sin()]))

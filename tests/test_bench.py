@@ -55,11 +55,11 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
         assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["flops_per_token"] > 0, row
 
 
-def test_sample_bench_compares_cache_and_no_cache(launch, tmp_path):
+def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
     result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--n_layer=1", "--n_embd=32", "--n_head=2",
                        "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2")
-    assert set(result["results"]) == {"kv_cache", "no_cache"}
-    assert result["speedup"] > 0 and result["greedy_identical"] is True
+    assert set(result["results"]) == {"kv_cache", "no_cache", "nanogpt"}
+    assert result["speedup"] > 0 and result["vs_nanogpt"] > 0 and result["greedy_identical"] is True
 
 
 def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_dir):

@@ -504,6 +504,16 @@ def test_sample_next_top_k_and_top_p_keep_the_right_sets():
     assert everything == {0, 1, 2, 3}
 
 
+def test_sample_next_draws_each_token_with_its_probability():
+    """20,000 draws from p = softmax(logits / T): every frequency within 4 standard errors of p."""
+    probs = torch.tensor([0.02, 0.08, 0.1, 0.3, 0.5, 0.0])
+    logits = probs.clamp(min=1e-30).log().repeat(20_000, 1) * 0.5  # divided by temperature 0.5: p again
+    drawn = sample_next(logits, temperature=0.5, generator=torch.Generator().manual_seed(0))[:, 0]
+    frequency = torch.bincount(drawn, minlength=6).float() / 20_000
+    tolerance = 4 * (probs * (1 - probs) / 20_000).sqrt() + 1e-9  # 0.005 for p = 0.5
+    assert ((frequency - probs).abs() <= tolerance).all(), frequency
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -685,3 +685,77 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
     log.close()
     assert capsys.readouterr().out.count("warning: could not record the metrics") == 1
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
+
+
+# ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------
+
+def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
+    from configurator import pick_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)  # 3 of the machine's CPUs
+    assert pick_threads(0) == 3
+    assert pick_threads(0, processes_here=2) == 1  # torchrun's processes on one machine share them
+    assert pick_threads(0, processes_here=8) == 1
+    assert pick_threads(5) == 5  # a setting wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert pick_threads(0) == 2
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        pick_threads(-1)
+
+
+def test_train_sets_the_threads_it_is_told(tmp_path, launch):
+    data = tmp_path / "data"
+    prepare_char(TEXT, str(data))
+    proc = launch("train.py", *TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1",
+                  "--threads=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "| 3 threads |" in proc.stdout, proc.stdout
+
+
+def speed_log(threads):
+    """A TrainingLog as train.py makes one, without a model: only what check_speed reads."""
+    from checkpoint import TrainingLog
+    log = TrainingLog.__new__(TrainingLog)
+    log.best_tokens_per_s, log.warned_slow = 0.0, False
+    torch.set_num_threads(threads)
+    return log
+
+
+@pytest.mark.parametrize("threads, readings, warned_at", [
+    (2, [(1000, 1.9), (1000, 2.0), (980, 1.8)], None),  # its threads busy all the time, a steady speed: quiet
+    (2, [(1000, 1.9), (100, 1.0), (90, 0.9)], 1),  # a neighbour arrived: half the CPU time, a tenth of the speed
+    (2, [(60, 1.1), (55, 1.0)], 0),  # busy from the start: only the CPU time tells
+    (1, [(1000, 1.0), (500, 0.5)], None),  # one thread shares fairly: slower, but not the spinning trap
+    (1, [(1000, 1.0), (200, 0.9)], 1),  # a fifth of its own best speed, whatever the reason
+])
+def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(capsys, threads, readings, warned_at):
+    before = torch.get_num_threads()
+    try:
+        log = speed_log(threads)
+        printed = []
+        for tokens_per_s, cpus_busy in readings:
+            log.check_speed(tokens_per_s, cpus_busy)
+            printed.append(capsys.readouterr().out)
+    finally:
+        torch.set_num_threads(before)
+    warnings = [i for i, out in enumerate(printed) if out]
+    assert warnings == ([] if warned_at is None else [warned_at]), printed
+    if warned_at is not None:
+        assert printed[warned_at].startswith("warning: ") and "--threads=1" in printed[warned_at]
+        assert printed[warned_at].count("\n") == 1
+
+
+def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):
+    import model
+    monkeypatch.setattr(model, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: (1e9, 0.4 * threads))  # other work took the CPUs
+    peak, source = model.peak_flops("cpu", torch.float32)
+    assert peak == 1e9 and "not cached" in source and not (tmp_path / "peak.json").exists()
+    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: (5e9, 1.0 * threads))  # a quiet machine
+    assert model.peak_flops("cpu", torch.float32) == (5e9, model.peak_flops("cpu", torch.float32)[1])
+    assert (tmp_path / "peak.json").exists()
+    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: pytest.fail("the kept peak is measured again"))
+    assert model.peak_flops("cpu", torch.float32)[0] == 5e9
+    assert model.peak_flops("cpu", torch.float32, seen=8e9)[0] == 8e9  # a run beat it: the peak is raised
+    assert model.peak_flops("cpu", torch.float32)[0] == 8e9  # and kept

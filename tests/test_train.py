@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import RESUME_KEYS
+from checkpoint import RESUME_KEYS, model_from_checkpoint
 from configurator import ConfigError, load_config
+from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
@@ -84,6 +85,12 @@ def test_train_then_sample_end_to_end(tmp_path, data_dir, launch):
             assert set(text) <= vocab
         assert samples[0] != samples[1], "the two samples should differ: sampling, not greedy decoding"
     assert again.stdout == first.stdout, "the same seed must give the same samples"
+    # the samples are one batch: the rows of model.generate over two copies of the prompt, same seed
+    model = model_from_checkpoint(load(out / "ckpt.pt"), out / "ckpt.pt").eval()
+    tokenizer = tokenizer_from_meta(ckpt["tokenizer"])
+    rows = model.generate(torch.tensor([tokenizer.encode("\n")] * 2), 20, temperature=0.8, top_k=200,
+                          generator=torch.Generator().manual_seed(1), vocab_size=tokenizer.vocab_size)
+    assert first.stdout.split(SEPARATOR)[:2] == [tokenizer.decode(row) for row in rows.tolist()]
 
 
 # ---- C. exact resumption ------------------------------------------------------------------------
@@ -321,7 +328,7 @@ def test_flag_without_equals(TrainConfig):
     ("--learning_rate=nan", "learning_rate"), ("--muon_lr=0", "muon_lr"), ("--min_lr=-1e-4", "min_lr"),
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
-    ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"),
+    ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"), ("--threads=-1", "threads"),
 ])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
@@ -335,7 +342,8 @@ def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
 
 @pytest.mark.parametrize("flag, key", [("--temperature=nan", "temperature"), ("--temperature=-1", "temperature"),
                                        ("--top_k=0", "top_k"), ("--top_p=0", "top_p"), ("--top_p=1.5", "top_p"),
-                                       ("--seed=18446744073709551616", "seed"), ("--seed=-1", "seed")])
+                                       ("--seed=18446744073709551616", "seed"), ("--seed=-1", "seed"),
+                                       ("--threads=-1", "threads")])
 def test_sample_range_checks_are_config_errors(SampleConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
         load_config(SampleConfig, [flag])
