@@ -333,6 +333,9 @@ def plot_losses(metrics_path, png_path):
         plt.close(fig)
 
 
+SPEED_WINDOW = 5.0  # seconds of training per judgement of a run's speed
+
+
 class TrainingLog:
     """What rank 0 reports: a line per log_interval and per evaluation on the terminal, the same as
     records in out_dir (MetricsLog). Recent losses stay on the device, so reading them
@@ -355,15 +358,28 @@ class TrainingLog:
 
     def open(self, iter_num):
         """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
-        self.last_time, self.last_cpu, self.last_iter = time.time(), time.process_time(), iter_num
+        self.last_time, self.last_iter = time.time(), iter_num
+        self.restart_speed_window()
         if self.master:
             wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
             resumed_at = iter_num if self.cfg.init_from == "resume" else None
             self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
 
     def add_loss(self, loss):
-        if self.master:
-            self.losses.append(loss)
+        if not self.master:
+            return
+        self.losses.append(loss)
+        if self.device_type == "cpu":
+            self.window_steps += 1
+            seconds = time.time() - self.window_start
+            if seconds >= SPEED_WINDOW:
+                self.check_speed(self.window_steps * self.tokens_per_iter / seconds,
+                                 (time.process_time() - self.window_cpu) / seconds)
+                self.restart_speed_window()
+
+    def restart_speed_window(self):
+        """Speed is judged over windows of training steps (an evaluation restarts the window)."""
+        self.window_start, self.window_cpu, self.window_steps = time.time(), time.process_time(), 0
 
     def check_finite(self, iter_num):
         """Stop on a non-finite loss, naming its iteration."""
@@ -380,7 +396,7 @@ class TrainingLog:
         if not self.master:
             return
         self.check_finite(iter_num)
-        now, cpu = time.time(), time.process_time()
+        now = time.time()
         seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
         tokens_per_s = self.tokens_per_iter / seconds_per_iter
         flops = self.flops_per_iter / seconds_per_iter
@@ -392,10 +408,8 @@ class TrainingLog:
               f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
         self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
                             "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
-        if self.device_type == "cpu":
-            self.check_speed(tokens_per_s, (cpu - self.last_cpu) / (now - self.last_time))
         self.losses.clear()
-        self.last_time, self.last_cpu, self.last_iter = now, cpu, iter_num
+        self.last_time, self.last_iter = now, iter_num
 
     def check_speed(self, tokens_per_s, cpus_busy):
         """Say once if the CPUs are shared: the process gets well under the CPU time its threads
@@ -414,6 +428,7 @@ class TrainingLog:
     def evaluation(self, iter_num, losses, seconds=None):
         if not self.master:
             return
+        self.restart_speed_window()
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if self.metrics:  # not with eval_only, which writes nothing
             self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
@@ -73,12 +74,15 @@ class TrainBench:
     steps_per_sample: int = 1  # optimizer steps per timing sample
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
+    profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
         for name in ("grad_accum", "repeats", "steps_per_sample"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.profile < 0:
+            raise ValueError(f"profile must be >= 0, got {self.profile}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
@@ -172,20 +176,24 @@ class Variant:
         self.grad_clip, self.batches, self.next = tcfg.grad_clip, batches, 0
 
     def step(self, micro_steps):
-        """train.py's train_step, at the peak learning rate: returns the last micro-step's loss."""
+        """train.py's train_step, at the peak learning rate: returns the last micro-step's loss.
+        Its phases are labelled for --profile (the labels cost nothing when no profiler runs)."""
         for _ in range(micro_steps):
             x, y = self.batches[self.next % len(self.batches)]
             self.next += 1
-            with self.autocast:
+            with record_function("forward"), self.autocast:
                 loss = self.model(x, y)[1] / micro_steps
-            self.scaler.scale(loss).backward()
+            with record_function("backward"):
+                self.scaler.scale(loss).backward()
         if self.grad_clip > 0:
-            for opt in self.optimizers:
-                self.scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
+            with record_function("clip"):
+                for opt in self.optimizers:
+                    self.scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
         for opt in self.optimizers:
-            self.scaler.step(opt)
-            opt.zero_grad(set_to_none=True)
+            with record_function(f"optimizer {type(opt).__name__}"):
+                self.scaler.step(opt)
+                opt.zero_grad(set_to_none=True)
         self.scaler.update()
         return loss
 
@@ -275,6 +283,29 @@ def time_variants(cfg, variants, device, tokens_per_step):
         rec["mfu"] = flops / rec["peak_flops"] if rec["peak_flops"] else None
 
 
+PHASES = ("forward", "backward", "clip", "optimizer AdamW", "optimizer Muon")
+
+
+def profile_variants(cfg, variants, device):
+    """Where a step's time goes: torch.profiler over cfg.profile steps of each variant; per phase
+    (Variant.step's labels) and the ops that take the most time of their own, per step, in ms."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    for v, rec in variants:
+        if rec["status"] != "ok":
+            continue
+        with profile(activities=activities) as prof:
+            wall = timed(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.profile)], device) / cfg.profile
+        events = prof.key_averages()
+        phases = {e.key: e.cpu_time_total / 1e3 / cfg.profile for e in events if e.key in PHASES}
+        ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)[:12]
+        rec["profile"] = {"step_ms": wall * 1e3, "phases_ms": phases,
+                          "top_ops_ms": {e.key: e.self_cpu_time_total / 1e3 / cfg.profile for e in ops}}
+        print(f"\nprofile of {rec['name']}: {wall * 1e3:.1f} ms per step under the profiler; by phase: "
+              + ", ".join(f"{k} {ms:.1f} ms ({ms / (wall * 1e3):.0%})" for k, ms in phases.items()))
+        print(md_table(["op (self time)", "ms/step", "share"],
+                       [[k, f"{ms:.2f}", f"{ms / (wall * 1e3):.1%}"] for k, ms in rec["profile"]["top_ops_ms"].items()]))
+
+
 def print_table(cfg, rows):
     base = next((rec for rec in rows if rec.get("tokens_per_s")), None)
     headers = ["variant", "ms/step", "min-max ms", "tokens/s", "MFU", "vs first", "compile s", "peak MiB"]
@@ -326,6 +357,8 @@ def main(cfg):
             torch.cuda.empty_cache()
     time_variants(cfg, variants, device, tokens_per_step)
     print_table(cfg, rows)
+    if cfg.profile:
+        profile_variants(cfg, variants, device)
     out = cfg.out or default_out("train", device)
     write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})

@@ -44,15 +44,21 @@ def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
 @pytest.mark.parametrize("variants,names", [
     ("attention", {"manual", "sdpa", "flash"}),
     ("optimizer", {"adamw", "muon"}),
+    ("execution", {"nanogpt", "default"}),  # each name goes on with what it runs, e.g. "nanogpt: eager float32 sdpa"
 ])
 def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
     result = run_bench(launch, "bench/train.py", tmp_path / "t.json", "--n_layer=1", "--n_head=2", "--n_embd=32",
                        "--block_size=16", "--batch_size=2", "--vocab_size=64", "--repeats=1", "--warmup=0",
-                       f"--variants={variants}", "--dtype=float32")
+                       f"--variants={variants}", "--dtype=float32", "--profile=1")
     rows = result["variants"]
-    assert {row["name"] for row in rows} == names
+    assert {row["name"].split(":")[0] for row in rows} == names
     for row in rows:
         assert row["status"] == "ok" and row["tokens_per_s"] > 0 and row["flops_per_token"] > 0, row
+        assert 0 < row["mfu"] <= 1, row  # a run that beats the CPU probe raises it
+        phases = row["profile"]["phases_ms"]
+        assert {"forward", "backward", "clip", "optimizer AdamW"} <= set(phases), phases
+        assert ("optimizer Muon" in phases) == (row["optimizer"] == "muon")
+        assert sum(phases.values()) <= row["profile"]["step_ms"] * 1.05, row["profile"]
 
 
 def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
