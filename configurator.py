@@ -214,8 +214,8 @@ def pick_threads(n, processes_here=1):
     """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
     this process may run on (its affinity: a container or taskset may allow fewer than the machine
     has), shared among the processes torchrun started on this machine. More threads than free
-    cores is the worst case: OpenMP threads spin waiting for each other (one busy neighbour made a
-    step 20x slower with 2 threads on 2 cores, 2.5x with 1)."""
+    cores is the worst case: OpenMP threads spin waiting for each other, and a step can take many
+    times as long as with one thread."""
     if n < 0:
         raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
     if n:
