@@ -295,6 +295,11 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
                                       ns_dtype=ns_dtype))
 
+    def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("ns_dtype", torch.bfloat16)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

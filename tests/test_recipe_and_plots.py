@@ -93,6 +93,22 @@ def test_muon_makes_the_same_steps_as_torch_muon(weight_decay):
     assert not torch.equal(ours[0], ours[1])  # the same shape, different matrices: no mix-up in the batch
 
 
+def test_muon_takes_up_the_state_of_torch_muon():
+    """A checkpoint written while train.py used torch.optim.Muon resumes with model.Muon."""
+    torch.manual_seed(0)
+    theirs = torch.nn.Parameter(torch.randn(8, 4))
+    old = torch.optim.Muon([theirs], lr=0.02)
+    theirs.grad = torch.randn(8, 4)
+    old.step()
+    ours = torch.nn.Parameter(theirs.detach().clone())
+    new = Muon([ours], lr=0.02, ns_dtype=torch.float32)
+    new.load_state_dict(old.state_dict())
+    torch.testing.assert_close(new.state[ours]["momentum_buffer"], old.state[theirs]["momentum_buffer"])
+    ours.grad = torch.randn(8, 4)
+    new.step()  # the old groups' settings, and bf16 iterations as before
+    assert new.param_groups[0]["ns_dtype"] == torch.bfloat16
+
+
 def test_orthogonalize_in_fp32_brings_every_singular_value_near_one():
     g = torch.randn(3, 40, 24) * torch.logspace(-2, 0, 24)  # singular values over two decades
     singular = torch.linalg.svdvals(orthogonalize(g, steps=5))
