@@ -210,14 +210,18 @@ def pick_dtype(name, device_type, training=True):
     return dtype
 
 
+def check_threads(n):
+    if n < 0:
+        raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+
+
 def pick_threads(n, processes_here=1):
     """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
     this process may run on (its affinity: a container or taskset may allow fewer than the machine
     has), shared among the processes torchrun started on this machine. More threads than free
     cores is the worst case: OpenMP threads spin waiting for each other, and a step can take many
     times as long as with one thread."""
-    if n < 0:
-        raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+    check_threads(n)
     if n:
         return n
     if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
@@ -286,7 +290,7 @@ class TrainConfig(GPTConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters",
-                     "min_lr", "weight_decay", "grad_clip", "threads"):
+                     "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("learning_rate", "muon_lr"):
@@ -297,6 +301,7 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        check_threads(self.threads)
         model_config(self, self.vocab_size or 1)  # the model's own checks (n_embd % n_head, ...)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from attention import Backend, check_backend
 from checkpoint import atomic_write, ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import DType, config_from_argv, fail, pick_device, pick_dtype, pick_threads
+from configurator import DType, check_threads, config_from_argv, fail, pick_device, pick_dtype, pick_threads
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from model import GPT, check_sampling
 
@@ -59,8 +59,7 @@ class SampleConfig:
                 raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {self.threads}")
+        check_threads(self.threads)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
 
