@@ -112,9 +112,10 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
         raise ValueError(f"{path} was trained with optimizer={saved.get('optimizer', defaults.optimizer)} "
                          f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
-    # a setting the first run's code did not have yet was at its default (which keeps old behaviour)
-    differ = [f"{k}={saved.get(k, getattr(defaults, k))} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS
-              if saved.get(k, getattr(defaults, k)) != getattr(cfg, k)]
+    # a model setting the first run's code did not have yet was at GPTConfig's default: GPT-2's way,
+    # the only one that code knew (TrainConfig's default for it may differ)
+    before = {k: saved.get(k, getattr(GPTConfig, k)) for k in WEIGHT_SETTINGS}
+    differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS if before[k] != getattr(cfg, k)]
     if checkpoint["model_config"]["vocab_size"] != vocab_size:
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from data.loader import SHAKESPEARE_CHAR_DIR
-from model import GPTConfig, Positions
+from model import Activation, GPTConfig, Positions
 
 
 class ConfigError(ValueError):
@@ -249,6 +249,7 @@ class TrainConfig(GPTConfig):
     n_head: int = 4
     n_embd: int = 128
     pos_embedding: Positions = "rope"
+    activation: Activation = "gelu"  # the exact GELU, as nanoGPT's nn.GELU(): GPT-2's tanh form is slower on some CPUs
     # I/O
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py

@@ -6,11 +6,12 @@ Generation speed: tokens/s of model.generate for max_new_tokens new tokens, batc
   no_cache   model.generate(use_kv_cache=False): the whole window again for every token
   nanogpt    nanoGPT's generate loop (crop the context to block_size, a full forward per token,
              append with torch.cat) on the same-sized model with nanoGPT's choices (learned positions,
-             PyTorch's SDPA attention)
+             PyTorch's SDPA attention, the exact GELU)
 
     python bench/sample.py                                 # nanoGPT's CPU model (4 x 128, block 64), random weights
     python bench/sample.py --block_size=256                # a longer window, where the cache matters more
     python bench/sample.py --out_dir=out                   # a trained checkpoint instead
+    python bench/sample.py --profile=100                   # and where a token's time goes
     python bench/sample.py --max_new_tokens=50 --repeats=2 --out=/tmp/s.json       # smoke test
 
 Random weights are fine for speed: a token costs the same arithmetic whatever the weights are (the
@@ -22,6 +23,10 @@ short warm-up of each; each sample is one whole generate call with a fresh gener
 seed, and the median is reported. The cache path refills the cache once per half block when the
 window moves (model.stream).
 Sanity check: at temperature 0 (greedy) model.generate must give the same tokens with and without the cache.
+Profile (--profile=N): torch.profiler over N new tokens of each path. Per token: the PyTorch ops called
+from Python (top-level ops; the ops they call inside are counted in their time), the time spent inside
+them, and the rest of the wall time (Python, the loop, the profiler's own cost per op). When a token
+is mostly "the rest", fewer ops per token is the lever, not faster kernels.
 """
 import os
 import sys
@@ -33,6 +38,7 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
@@ -68,12 +74,15 @@ class SampleBench:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # autocast dtype, as sample.py
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the random weights, the prompt and every run's generator
+    profile: int = 0  # > 0: then profile this many new tokens of each path: ops per token and where the time goes
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json
 
     def __post_init__(self):
         for name in ("max_new_tokens", "prompt_len", "repeats", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.profile < 0:
+            raise ValueError(f"profile must be >= 0, got {self.profile}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.block_size is not None and self.block_size < 1:
@@ -99,7 +108,7 @@ def build_model(cfg, device):
         try:
             config = GPTConfig(vocab_size=vocab, block_size=cfg.block_size or NANOGPT_BLOCK, n_layer=cfg.n_layer,
                                n_head=cfg.n_head, n_embd=cfg.n_embd, attention=cfg.attention or TrainConfig.attention,
-                               pos_embedding=TrainConfig.pos_embedding)  # train.py's model
+                               pos_embedding=TrainConfig.pos_embedding, activation=TrainConfig.activation)  # train.py's
         except ValueError as e:
             fail(e)
         torch.manual_seed(cfg.seed)
@@ -121,9 +130,36 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, generator=None
 
 
 def nanogpt_model(config, seed, device):
-    """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, GPT-2's init."""
+    """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, nn.GELU() (the
+    exact GELU), GPT-2's init."""
     torch.manual_seed(seed)
-    return GPT(replace(config, pos_embedding="learned", attention="sdpa", norm="layernorm", qk_norm=False)).eval().to(device)
+    nanogpt = replace(config, pos_embedding="learned", attention="sdpa", norm="layernorm", qk_norm=False,
+                      activation="gelu")
+    return GPT(nanogpt).eval().to(device)
+
+
+def profile_paths(cfg, generate, paths, device):
+    """Where a token's time goes, per path: torch.profiler over cfg.profile new tokens (see the top)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    profiles = {}
+    for path in paths:
+        with profile(activities=activities) as prof:
+            wall = timed(lambda: generate(path, cfg.profile, cfg.temperature), device) / cfg.profile
+        top_level = [e for e in prof.events()
+                     if e.name.startswith("aten::") and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
+        in_ops = sum(e.cpu_time_total for e in top_level) / 1e6 / cfg.profile
+        ops = sorted((e for e in prof.key_averages() if e.key.startswith("aten::")),
+                     key=lambda e: -e.self_cpu_time_total)
+        profiles[path] = {"token_ms": wall * 1e3, "ops_per_token": len(top_level) / cfg.profile,
+                          "in_ops_ms": in_ops * 1e3, "outside_ops_ms": (wall - in_ops) * 1e3,
+                          "top_ops_us": {e.key: e.self_cpu_time_total / cfg.profile for e in ops[:10]}}
+        p = profiles[path]
+        print(f"\nprofile of {path}: {p['token_ms']:.2f} ms per token under the profiler; "
+              f"{p['ops_per_token']:.0f} ops called per token, {p['in_ops_ms']:.2f} ms inside them "
+              f"({in_ops / wall:.0%}), {p['outside_ops_ms']:.2f} ms outside (Python, the loop, the profiler)")
+        print(md_table(["op (self time)", "us/token", "share"],
+                       [[k, f"{us:.1f}", f"{us / 1e3 / p['token_ms']:.1%}"] for k, us in p["top_ops_us"].items()]))
+    return profiles
 
 
 def check_requirements(c, cfg, device_type, speedup, vs_nanogpt):
@@ -203,12 +239,14 @@ def main(cfg):
     print(f"(median of {cfg.repeats} interleaved runs) KV cache vs no cache: {speedup:.2f}x; "
           f"model.generate vs nanoGPT's loop: {vs_nanogpt:.2f}x")
     requirements = check_requirements(c, cfg, device_type, speedup, vs_nanogpt)
+    profiles = profile_paths(cfg, generate, paths, device) if cfg.profile else None
     print(f"greedy (temperature 0) tokens identical with and without the cache: {'yes' if same else 'NO'}"
           + ("" if same else f" (first difference at new token {first_diff})"))
     out = cfg.out or default_out("sample", device)
     write_json(out, {"benchmark": "sample", "machine": info, "config": asdict(cfg), "model": asdict(c),
                      "source": source, "results": results, "speedup": speedup, "vs_nanogpt": vs_nanogpt,
-                     "requirements": requirements, "greedy_identical": same, "greedy_first_difference": first_diff})
+                     "requirements": requirements, "profile": profiles, "greedy_identical": same,
+                     "greedy_first_difference": first_diff})
     if not same:
         sys.exit(1)
 

@@ -1,6 +1,6 @@
 """
 Training-step throughput (tokens/s) and MFU, variants side by side: eager vs torch.compile, fp32 vs
-bf16 autocast, manual vs sdpa vs flash attention.
+bf16 autocast, manual vs sdpa vs flash attention, AdamW vs Muon, GELU's tanh form vs the exact GELU.
 
     python bench/train.py                                         # the CPU default model: dtype x attention
     python bench/train.py configs/gpt2_124m.toml --batch_size=16 --variants=compile --attention=flash --dtype=bfloat16
@@ -40,9 +40,9 @@ from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_tabl
                              resolve_device, set_threads, split_list, summary, sync, timed, write_json)
 from configurator import ConfigError, DType, TrainConfig, load_config, model_config, pick_dtype
 from data.loader import load_meta
-from model import GPT, peak_flops
+from model import GPT, Activation, peak_flops
 
-AXES = ("compile", "dtype", "attention", "optimizer")
+AXES = ("compile", "dtype", "attention", "optimizer", "activation")
 # --variants=execution: how nanoGPT executes a step on a CPU (fp32, PyTorch's SDPA, no compile) against
 # this repo's defaults (TrainConfig's dtype, attention and compile), same model, same optimizer
 DEFAULTS = TrainConfig()
@@ -59,14 +59,16 @@ class TrainBench:
     block_size: Optional[int] = None  # tokens per sequence; none: from the config
     batch_size: Optional[int] = None  # sequences per micro-batch; none: from the config
     grad_accum: int = 1  # micro-batches per optimizer step (the config's gradient_accumulation_steps is ignored)
-    variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer; auto: dtype,attention on CPU, those and compile on CUDA; none: the base only; execution: nanoGPT's way of running a step vs this repo's defaults
+    variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer,activation; auto: dtype,attention on CPU, those and compile on CUDA; none: the base only; execution: nanoGPT's way of running a step vs this repo's defaults
     attentions: str = "manual,sdpa,flash"  # the attention axis' values
     dtypes: str = "float32,bfloat16"  # the dtype axis' values
     optimizers: str = "adamw,muon"  # the optimizer axis' values
+    activations: str = "gelu_tanh,gelu"  # the activation axis' values
     compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
     dtype: Optional[DType] = None  # base value; none: the config's
     attention: Optional[Backend] = None  # base value; none: the config's
     optimizer: Optional[Literal["adamw", "muon"]] = None  # base value; none: the config's
+    activation: Optional[Activation] = None  # base value; none: the config's
     vocab_size: int = 0  # 0: the config's vocab_size, else its data_dir's meta.json if it exists, else GPT-2's 50257
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     warmup: int = 3  # untimed steps per variant, after compilation
@@ -122,7 +124,9 @@ def vocab_size(cfg, tcfg):
 def variant_list(cfg, tcfg, device_type):
     if cfg.variants == "execution":
         optimizer = cfg.optimizer or tcfg.optimizer
-        specs = [{"execution": name, **spec, "optimizer": optimizer} for name, spec in EXECUTIONS.items()]
+        activation = cfg.activation or tcfg.activation
+        specs = [{"execution": name, **spec, "optimizer": optimizer, "activation": activation}
+                 for name, spec in EXECUTIONS.items()]
         for spec in specs:
             if spec["dtype"] == "auto":
                 spec["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
@@ -136,7 +140,8 @@ def variant_list(cfg, tcfg, device_type):
     base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
             "dtype": cfg.dtype or tcfg.dtype,
             "attention": cfg.attention or tcfg.attention,
-            "optimizer": cfg.optimizer or tcfg.optimizer}
+            "optimizer": cfg.optimizer or tcfg.optimizer,
+            "activation": cfg.activation or tcfg.activation}
     if base["dtype"] == "auto":
         base["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
     values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
@@ -145,7 +150,9 @@ def variant_list(cfg, tcfg, device_type):
               "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
               if "attention" in axes else [base["attention"]],
               "optimizer": split_list(cfg.optimizers, "optimizers", allowed=("adamw", "muon"))
-              if "optimizer" in axes else [base["optimizer"]]}
+              if "optimizer" in axes else [base["optimizer"]],
+              "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))
+              if "activation" in axes else [base["activation"]]}
     return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
 
 
@@ -153,7 +160,7 @@ def variant_name(v, axes):
     if "execution" in v:  # its name and what it stands for
         return f"{v['execution']}: {'compiled' if v['compile'] else 'eager'} {v['dtype']} {v['attention']}"
     parts = {"compile": "compiled" if v["compile"] else "eager", "dtype": v["dtype"], "attention": v["attention"],
-             "optimizer": v["optimizer"]}
+             "optimizer": v["optimizer"], "activation": v["activation"]}
     return " ".join(parts[a] for a in (axes or AXES))
 
 
@@ -166,7 +173,8 @@ class Variant:
         self.dtype = pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
         check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
         torch.manual_seed(seed)  # the same initial weights for every variant
-        self.raw = GPT(replace(model_config(tcfg, vocab), attention=spec["attention"])).to(device)
+        self.raw = GPT(replace(model_config(tcfg, vocab), attention=spec["attention"],
+                               activation=spec["activation"])).to(device)
         self.optimizers = self.raw.configure_optimizers(spec["optimizer"], tcfg.learning_rate, tcfg.weight_decay,
                                                         (tcfg.beta1, tcfg.beta2), tcfg.muon_lr, device_type,
                                                         self.dtype)

@@ -45,6 +45,7 @@ def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
     ("attention", {"manual", "sdpa", "flash"}),
     ("optimizer", {"adamw", "muon"}),
     ("execution", {"nanogpt", "default"}),  # each name goes on with what it runs, e.g. "nanogpt: eager float32 sdpa"
+    ("activation", {"gelu_tanh", "gelu"}),
 ])
 def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
     result = run_bench(launch, "bench/train.py", tmp_path / "t.json", "--n_layer=1", "--n_head=2", "--n_embd=32",
@@ -63,9 +64,15 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
 
 def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
     result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--n_layer=1", "--n_embd=32", "--n_head=2",
-                       "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2")
+                       "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2", "--profile=8")
     assert set(result["results"]) == {"kv_cache", "no_cache", "nanogpt"}
     assert result["speedup"] > 0 and result["vs_nanogpt"] > 0 and result["greedy_identical"] is True
+    assert set(result["profile"]) == set(result["results"])
+    for path, p in result["profile"].items():
+        assert p["ops_per_token"] >= 5, (path, p)  # at least the layer's four matmuls and the head's
+        # ops called inside other ops are counted once, in their caller's time: never more than the wall
+        assert 0 < p["in_ops_ms"] <= p["token_ms"], (path, p)
+        assert p["top_ops_us"] and all(op.startswith("aten::") for op in p["top_ops_us"]), (path, p)
 
 
 def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_dir):
