@@ -44,9 +44,9 @@ from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
                              resolve_device, resolve_dtype, set_threads, summary, timed, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import TrainConfig
+from configurator import TrainConfig, model_config
 from data.loader import SHAKESPEARE_CHAR_DIR, load_meta
-from model import GPT, GPTConfig
+from model import GPT
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default, and nanoGPT's CPU recipe
 REQUIRED_SPEEDUP = 5.0  # KV cache >= 5x faster than no cache for that model at block_size >= 256
@@ -106,9 +106,9 @@ def build_model(cfg, device):
             data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
             vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
         try:
-            config = GPTConfig(vocab_size=vocab, block_size=cfg.block_size or NANOGPT_BLOCK, n_layer=cfg.n_layer,
-                               n_head=cfg.n_head, n_embd=cfg.n_embd, attention=cfg.attention or TrainConfig.attention,
-                               pos_embedding=TrainConfig.pos_embedding, activation=TrainConfig.activation)  # train.py's
+            config = replace(model_config(TrainConfig(), vocab), block_size=cfg.block_size or NANOGPT_BLOCK,
+                             n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                             attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
         except ValueError as e:
             fail(e)
         torch.manual_seed(cfg.seed)
