@@ -14,6 +14,7 @@ import subprocess
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, load_config, pick_device, pick_dtype, pick_threads
 from model import cpu_name
@@ -135,6 +136,20 @@ def timed(fn, device, inner=1):
         fn()
     sync(device)
     return (time.perf_counter() - start) / inner
+
+
+def profiled(fn, device):
+    """Run fn once under torch.profiler (CPU ops, and CUDA kernels on a GPU): (wall seconds, profiler)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        wall = timed(fn, device)
+    return wall, prof
+
+
+def top_ops(prof, n):
+    """The n PyTorch ops with the most time of their own, costliest first: {name: microseconds}."""
+    ops = sorted((e for e in prof.key_averages() if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
+    return {e.key: e.self_cpu_time_total for e in ops[:n]}
 
 
 def summary(samples):

@@ -29,6 +29,7 @@ them, and the rest of the wall time (Python, the loop, the profiler's own cost p
 is mostly "the rest", fewer ops per token is the lever, not faster kernels.
 """
 import os
+import functools
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,11 +39,10 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 from attention import Backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
-                             resolve_device, resolve_dtype, set_threads, summary, timed, write_json)
+from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
+                             resolve_device, resolve_dtype, set_threads, summary, timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import TrainConfig, model_config
 from data.loader import SHAKESPEARE_CHAR_DIR, load_meta
@@ -129,6 +129,39 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, generator=None
     return idx
 
 
+def generate_path(path, n, temperature, *, model, baseline, prompt, seed, device, autocast):
+    """One timed unit: n new tokens by `path`, from a fresh generator of the same seed."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with autocast:
+        if path == "nanogpt":
+            return nanogpt_generate(baseline, prompt, n, max(temperature, 1e-6), gen)
+        return model.generate(prompt, n, temperature=temperature, use_kv_cache=path == "kv_cache", generator=gen)
+
+
+def time_paths(cfg, generate, paths, device):
+    """{path: {"time": summary, "tokens_per_s"}}, the paths interleaved for cfg.repeats rounds after a warm-up."""
+    for path in paths:
+        generate(path, min(cfg.warmup_tokens, cfg.max_new_tokens), cfg.temperature)
+    samples = {path: [] for path in paths}
+    for _ in range(cfg.repeats):
+        for path in paths:
+            samples[path].append(timed(lambda: generate(path, cfg.max_new_tokens, cfg.temperature), device))
+    results = {}
+    for path in paths:
+        s = summary(samples[path])
+        results[path] = {"time": s, "tokens_per_s": cfg.max_new_tokens / s["median"]}
+    return results
+
+
+def greedy_check(cfg, generate):
+    """(same tokens at temperature 0 with and without the cache?, the first new token that differs or None)."""
+    greedy_cache = generate("kv_cache", cfg.max_new_tokens, 0.0)
+    greedy_full = generate("no_cache", cfg.max_new_tokens, 0.0)
+    if torch.equal(greedy_cache, greedy_full):
+        return True, None
+    return False, int((greedy_cache != greedy_full)[0].nonzero()[0]) - cfg.prompt_len
+
+
 def nanogpt_model(config, seed, device):
     """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, nn.GELU() (the
     exact GELU), GPT-2's init."""
@@ -140,20 +173,16 @@ def nanogpt_model(config, seed, device):
 
 def profile_paths(cfg, generate, paths, device):
     """Where a token's time goes, per path: torch.profiler over cfg.profile new tokens (see the top)."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     profiles = {}
     for path in paths:
-        with profile(activities=activities) as prof:
-            wall = timed(lambda: generate(path, cfg.profile, cfg.temperature), device) / cfg.profile
+        wall, prof = profiled(lambda: generate(path, cfg.profile, cfg.temperature), device)
+        wall /= cfg.profile
         top_level = [e for e in prof.events()
                      if e.name.startswith("aten::") and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))]
         in_ops = sum(e.cpu_time_total for e in top_level) / 1e6 / cfg.profile
-        ops = sorted((e for e in prof.key_averages() if e.key.startswith("aten::")),
-                     key=lambda e: -e.self_cpu_time_total)
-        profiles[path] = {"token_ms": wall * 1e3, "ops_per_token": len(top_level) / cfg.profile,
-                          "in_ops_ms": in_ops * 1e3, "outside_ops_ms": (wall - in_ops) * 1e3,
-                          "top_ops_us": {e.key: e.self_cpu_time_total / cfg.profile for e in ops[:10]}}
-        p = profiles[path]
+        p = profiles[path] = {"token_ms": wall * 1e3, "ops_per_token": len(top_level) / cfg.profile,
+                              "in_ops_ms": in_ops * 1e3, "outside_ops_ms": (wall - in_ops) * 1e3,
+                              "top_ops_us": {k: us / cfg.profile for k, us in top_ops(prof, 10).items()}}
         print(f"\nprofile of {path}: {p['token_ms']:.2f} ms per token under the profiler; "
               f"{p['ops_per_token']:.0f} ops called per token, {p['in_ops_ms']:.2f} ms inside them "
               f"({in_ops / wall:.0%}), {p['outside_ops_ms']:.2f} ms outside (Python, the loop, the profiler)")
@@ -196,40 +225,18 @@ def main(cfg):
           f"{c.vocab_size}, attention {c.attention}, positions {c.pos_embedding} ({source}) | {cfg.max_new_tokens} "
           f"new tokens after a {cfg.prompt_len}-token prompt, batch 1, temperature {cfg.temperature}, dtype {cfg.dtype}")
 
-    g = torch.Generator().manual_seed(cfg.seed)
-    prompt = torch.randint(c.vocab_size, (1, cfg.prompt_len), generator=g).to(device)
     if cfg.prompt_len > c.block_size:
         fail(f"prompt_len={cfg.prompt_len} exceeds block_size={c.block_size}")
+    g = torch.Generator().manual_seed(cfg.seed)
+    prompt = torch.randint(c.vocab_size, (1, cfg.prompt_len), generator=g).to(device)
     autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
-
-    def generate(path, n, temperature):
-        gen = torch.Generator(device=device).manual_seed(cfg.seed)
-        with autocast:
-            if path == "nanogpt":
-                return nanogpt_generate(baseline, prompt, n, max(temperature, 1e-6), gen)
-            return model.generate(prompt, n, temperature=temperature, use_kv_cache=path == "kv_cache", generator=gen)
-
+    generate = functools.partial(generate_path, model=model, baseline=baseline, prompt=prompt, seed=cfg.seed,
+                                 device=device, autocast=autocast)
     paths = ("kv_cache", "no_cache", "nanogpt")
-    for path in paths:  # warm-up
-        generate(path, min(cfg.warmup_tokens, cfg.max_new_tokens), cfg.temperature)
-    samples = {path: [] for path in paths}
-    for _ in range(cfg.repeats):
-        for path in paths:
-            samples[path].append(timed(lambda: generate(path, cfg.max_new_tokens, cfg.temperature), device))
-    results = {}
-    for path in paths:
-        s = summary(samples[path])
-        results[path] = {"time": s, "tokens_per_s": cfg.max_new_tokens / s["median"]}
+    results = time_paths(cfg, generate, paths, device)
     speedup = results["kv_cache"]["tokens_per_s"] / results["no_cache"]["tokens_per_s"]
     vs_nanogpt = results["kv_cache"]["tokens_per_s"] / results["nanogpt"]["tokens_per_s"]
-
-    greedy_cache = generate("kv_cache", cfg.max_new_tokens, 0.0)
-    greedy_full = generate("no_cache", cfg.max_new_tokens, 0.0)
-    same = torch.equal(greedy_cache, greedy_full)
-    first_diff = None
-    if not same:
-        diff = (greedy_cache != greedy_full)[0].nonzero()
-        first_diff = int(diff[0]) - cfg.prompt_len
+    same, first_diff = greedy_check(cfg, generate)
 
     print()
     print(md_table(["path", "tokens/s", "median s", "min-max s", "vs nanogpt"],

@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import record_function
 
 from attention import BACKENDS, Backend, check_backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
-                             resolve_device, set_threads, split_list, summary, sync, timed, write_json)
+from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
+                             resolve_device, set_threads, split_list, summary, sync, timed, top_ops, write_json)
 from configurator import ConfigError, DType, TrainConfig, load_config, model_config, pick_dtype
 from data.loader import load_meta
 from model import GPT, Activation, peak_flops
@@ -297,17 +297,14 @@ PHASES = ("forward", "backward", "clip", "optimizer AdamW", "optimizer Muon")
 def profile_variants(cfg, variants, device):
     """Where a step's time goes: torch.profiler over cfg.profile steps of each variant; per phase
     (Variant.step's labels) and the ops that take the most time of their own, per step, in ms."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     for v, rec in variants:
         if rec["status"] != "ok":
             continue
-        with profile(activities=activities) as prof:
-            wall = timed(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.profile)], device) / cfg.profile
-        events = prof.key_averages()
-        phases = {e.key: e.cpu_time_total / 1e3 / cfg.profile for e in events if e.key in PHASES}
-        ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)[:12]
+        wall, prof = profiled(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.profile)], device)
+        wall /= cfg.profile
+        phases = {e.key: e.cpu_time_total / 1e3 / cfg.profile for e in prof.key_averages() if e.key in PHASES}
         rec["profile"] = {"step_ms": wall * 1e3, "phases_ms": phases,
-                          "top_ops_ms": {e.key: e.self_cpu_time_total / 1e3 / cfg.profile for e in ops}}
+                          "top_ops_ms": {k: us / 1e3 / cfg.profile for k, us in top_ops(prof, 12).items()}}
         print(f"\nprofile of {rec['name']}: {wall * 1e3:.1f} ms per step under the profiler; by phase: "
               + ", ".join(f"{k} {ms:.1f} ms ({ms / (wall * 1e3):.0%})" for k, ms in phases.items()))
         print(md_table(["op (self time)", "ms/step", "share"],
