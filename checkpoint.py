@@ -1,30 +1,24 @@
 """
-What a training run leaves in its out_dir, and how it is read back.
+Checkpoints: writing and reading out_dir/ckpt.pt, the checks before a run resumes from one, every
+random generator's state, and the lock that keeps two runs out of one out_dir.
 
-ckpt.pt, the checkpoint, holds everything needed to continue exactly. It cannot be half-written:
-saving writes a temporary file beside the target, flushes it to disk and renames it over the old
-one, so a crash or kill mid-save leaves the previous checkpoint intact. It cannot run code: loading
-uses torch.load(weights_only=True), tensors and plain Python data only.
-
-metrics.jsonl and loss.png are the run's record: every logged value, and the loss curves, which
-TrainingLog writes as it prints the log lines.
+ckpt.pt holds everything needed to continue exactly. It cannot be half-written: saving writes a
+temporary file beside the target, flushes it to disk and renames it over the old one
+(files.atomic_write), so a crash or kill mid-save leaves the previous checkpoint intact. It cannot
+run code: loading uses torch.load(weights_only=True), tensors and plain Python data only.
 """
 import glob
-import json
-import math
 import os
 import pickle
 import random
 import socket
-import time
 import zipfile
-from dataclasses import asdict
 
 import numpy as np
 import torch
 
-from configurator import fail
-from model import BUSY_SHARE, GPT, WEIGHT_SETTINGS, GPTConfig, peak_flops
+from files import atomic_write
+from model import GPT, WEIGHT_SETTINGS, GPTConfig
 
 # what train.py writes into a checkpoint and needs back to resume
 RESUME_KEYS = ("model", "optimizer", "scaler", "model_config", "config", "tokenizer", "iter_num", "best_val_loss",
@@ -202,240 +196,3 @@ def set_rng_state(state, generator):
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
     generator.set_state(state["batches"])
-
-
-class MetricsLog:
-    """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
-    Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
-    A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's
-    iteration (resumed_at). These are side outputs: a failure to write them warns once, and
-    training goes on."""
-
-    def __init__(self, out_dir, resumed_at=None, wandb=None):
-        self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
-        self.file, self.wandb, self.warned = None, None, False
-        kept = read_metrics(self.path, until=resumed_at) if resumed_at is not None else []
-        try:
-            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
-            self.file = open(self.path, "a")
-        except OSError as e:
-            self.warn(e)
-        if wandb is not None:
-            self.wandb = start_wandb(*wandb, warn=self.warn)
-
-    def warn(self, error):
-        if not self.warned:
-            print(f"warning: could not record the metrics (metrics.jsonl, loss.png or wandb) in "
-                  f"{os.path.dirname(self.path)}: {getattr(error, 'strerror', None) or error}; training and "
-                  "checkpoints go on")
-            self.warned = True
-
-    def write(self, record):
-        try:
-            if self.file:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-            if self.wandb:
-                self.wandb.log(record, step=record["iter"])
-        except Exception as e:  # a full disk, or wandb's own troubles: never the end of training
-            self.warn(e)
-
-    def draw(self):
-        try:
-            plot_losses(self.path, self.png)
-        except Exception as e:
-            self.warn(e)
-
-    def close(self):
-        if self.file:
-            self.file.close()
-        if self.wandb:
-            self.wandb.finish()
-
-
-def start_wandb(project, name, config, warn):
-    """The wandb module, logging this run (offline when there is no API key); None, with a warning,
-    if it cannot start (no network for an online run, say): training goes on without it."""
-    import wandb
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
-    mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
-    try:
-        wandb.init(project=project, name=name, config=config, mode=mode)
-    except Exception as e:  # wandb raises its own kinds of errors
-        warn(e)
-        return None
-    if mode == "offline":
-        print("wandb: no API key found, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
-    return wandb
-
-
-def read_metrics(path, until=None):
-    """The records of a metrics.jsonl, skipping a line that a crash left half-written; with until,
-    only those up to that iteration. No file: no records."""
-    records = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and "iter" in record and (until is None or record["iter"] <= until):
-                    records.append(record)
-    except (FileNotFoundError, UnicodeDecodeError):
-        pass
-    return records
-
-
-def atomic_write(path, write):
-    """write(f) into a temporary file beside path, flush it to disk, then rename it over path:
-    readers, and a crash at any moment, see the old file or the new one, never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX and Windows
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        fd = os.open(directory, os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def plot_losses(metrics_path, png_path):
-    """Train and val loss against iterations and against training time, from metrics.jsonl."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only; works on machines without a screen
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(metrics_path)
-    steps = [r for r in records if "loss" in r]
-    evals = [r for r in records if "val_loss" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, x in zip(axes, ("iter", "seconds")):
-        ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
-        ax.plot([r[x] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
-        ax.plot([r[x] for r in evals], [r["val_loss"] for r in evals], "o-", label="val (eval)")
-        ax.set_xlabel("iteration" if x == "iter" else "training seconds")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("cross-entropy loss")
-    axes[0].legend()
-    fig.tight_layout()
-    try:
-        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
-    finally:
-        plt.close(fig)
-
-
-SPEED_WINDOW = 5.0  # seconds of training per judgement of a run's speed
-
-
-class TrainingLog:
-    """What rank 0 reports: a line per log_interval and per evaluation on the terminal, the same as
-    records in out_dir (MetricsLog). Recent losses stay on the device, so reading them
-    costs one host sync per log line, not one per step."""
-
-    def __init__(self, cfg, run, model):
-        self.cfg, self.master, self.losses, self.metrics = cfg, run.master, [], None
-        self.ckpt_path = ckpt_path(cfg.out_dir)
-        self.fp16 = run.dtype == torch.float16  # its GradScaler skips steps with a non-finite loss itself
-        self.tokens_per_iter = run.accumulation_steps * cfg.batch_size * cfg.block_size
-        self.flops_per_iter = model.flops_per_token() * self.tokens_per_iter / run.world_size
-        self.peak, source = peak_flops(run.device_type, run.dtype) if run.master else (None, "")
-        self.device_type, self.dtype = run.device_type, run.dtype
-        self.best_tokens_per_s, self.warned_slow = 0.0, False
-        if run.master:
-            print(f"{model.num_params() / 1e6:.2f}M parameters | device {run.device} | dtype {str(run.dtype)[6:]} | "
-                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {run.world_size} process(es) "
-                  f"{cfg.parallelism if run.distributed else ''}| {self.tokens_per_iter:,} tokens/iter | "
-                  f"MFU against {source}")
-
-    def open(self, iter_num):
-        """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
-        self.last_time, self.last_iter = time.time(), iter_num
-        self.restart_speed_window()
-        if self.master:
-            wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
-            resumed_at = iter_num if self.cfg.init_from == "resume" else None
-            self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
-
-    def add_loss(self, loss):
-        if not self.master:
-            return
-        self.losses.append(loss)
-        if self.device_type == "cpu":
-            self.window_steps += 1
-            seconds = time.time() - self.window_start
-            if seconds >= SPEED_WINDOW:
-                self.check_speed(self.window_steps * self.tokens_per_iter / seconds,
-                                 (time.process_time() - self.window_cpu) / seconds)
-                self.restart_speed_window()
-
-    def restart_speed_window(self):
-        """Speed is judged over windows of training steps (an evaluation restarts the window)."""
-        self.window_start, self.window_cpu, self.window_steps = time.time(), time.process_time(), 0
-
-    def check_finite(self, iter_num):
-        """Stop on a non-finite loss, naming its iteration."""
-        if not self.losses or self.fp16:
-            return
-        values = torch.stack(self.losses).tolist()
-        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        if bad is not None:
-            where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
-            fail(f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
-                 f"--learning_rate or use --dtype=float32 or bfloat16{where}", status=1)
-
-    def steps(self, iter_num, lr, seconds):
-        if not self.master:
-            return
-        self.check_finite(iter_num)
-        now = time.time()
-        seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
-        tokens_per_s = self.tokens_per_iter / seconds_per_iter
-        flops = self.flops_per_iter / seconds_per_iter
-        if self.peak and self.device_type == "cpu" and flops > self.peak:  # the probe was low (a busy moment): raise it
-            self.peak = peak_flops(self.device_type, self.dtype, seen=flops)[0]
-        mfu = flops / self.peak if self.peak else float("nan")
-        loss = torch.stack(self.losses).float().mean().item()
-        print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
-              f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
-        self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
-                            "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
-        self.losses.clear()
-        self.last_time, self.last_iter = now, iter_num
-
-    def check_speed(self, tokens_per_s, cpus_busy):
-        """Say once if the CPUs are shared: the process gets well under the CPU time its threads
-        could use, or runs at a third of its own best speed. Waiting threads can then make each
-        step many times slower than this machine can (see configurator.pick_threads)."""
-        threads = torch.get_num_threads()
-        self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
-        starved = threads > 1 and cpus_busy < BUSY_SHARE * threads
-        if self.warned_slow or not (starved or tokens_per_s < self.best_tokens_per_s / 3):
-            return
-        self.warned_slow = True
-        print(f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
-              f"{self.best_tokens_per_s:,.0f}; it used {cpus_busy:.1f} of its {threads} threads' CPU time): another "
-              f"process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work")
-
-    def evaluation(self, iter_num, losses, seconds=None):
-        if not self.master:
-            return
-        self.restart_speed_window()
-        print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-        if self.metrics:  # not with eval_only, which writes nothing
-            self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                                "seconds": round(seconds, 3)})
-            self.metrics.draw()
-
-    def close(self):
-        if self.metrics:
-            self.metrics.close()

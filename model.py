@@ -7,8 +7,6 @@ References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Huggin
 import json
 import math
 import os
-import platform
-import time
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -17,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, check_backend, dropout
+from data.tokenizer import GPT2_VOCAB_SIZE
 
 
 Positions = Literal["learned", "rope"]  # a learned table of positions, or rotary embeddings in attention
@@ -25,7 +24,7 @@ Activation = Literal["gelu_tanh", "gelu"]  # GELU's tanh approximation (GPT-2's)
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50257  # tokens the model reads and predicts
+    vocab_size: int = GPT2_VOCAB_SIZE  # tokens the model reads and predicts
     block_size: int = 1024  # the longest context the model sees
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
@@ -188,28 +187,6 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
 
-    def configure_optimizers(self, optimizer, learning_rate, weight_decay, betas, muon_lr, device_type,
-                             dtype=torch.float32):
-        """optimizer="adamw": AdamW for everything, with weight decay on matrices (Linear weights,
-        embeddings) only, not on biases and norms. "muon": Muon (below) for the 2-D weights inside
-        the blocks, AdamW for the rest. dtype is the training precision: Muon's Newton-Schulz
-        matmuls run in bf16 where the step does (or on a GPU), else in fp32. Each group keeps its
-        peak rate as "initial_lr", which a schedule scales."""
-        muon_params = [p for p in self.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
-        in_muon = {id(p) for p in muon_params}
-        params = [p for p in self.parameters() if p.requires_grad and id(p) not in in_muon]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        fused = device_type in ("cuda", "cpu")  # one kernel for all parameters: ~3x faster steps on CPU
-        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
-        if muon_params:
-            ns_dtype = torch.bfloat16 if device_type == "cuda" or dtype == torch.bfloat16 else torch.float32
-            optimizers.append(Muon(muon_params, lr=muon_lr, weight_decay=weight_decay, ns_dtype=ns_dtype))
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["initial_lr"] = group["lr"]
-        return optimizers
-
     @torch.inference_mode()  # no autograd bookkeeping at all: less work per op than no_grad
     def stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
                generator=None, vocab_size=None):
@@ -287,58 +264,6 @@ class GPT(nn.Module):
         return model
 
 
-class Muon(torch.optim.Optimizer):
-    """Muon (Keller Jordan, 2024): momentum SGD whose update, a matrix, is replaced by the nearest
-    orthogonal-ish matrix, found by a few Newton-Schulz iterations. The same update as
-    torch.optim.Muon (Nesterov momentum, decoupled weight decay, lr scaled by sqrt(max(1, rows/cols))),
-    written out because that one runs its iterations in bf16 always, one matrix at a time: on a CPU
-    without bf16 instructions (emulated) a step took 5.5x as long as AdamW's. Here the matrices of
-    one shape go through the iterations together, as one batched matmul, in ns_dtype."""
-
-    def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
-                                      ns_dtype=ns_dtype))
-
-    def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("ns_dtype", torch.bfloat16)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:  # torch.optim's contract: re-evaluate the model, return its loss
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            by_shape = {}
-            for p in group["params"]:
-                if p.grad is not None:
-                    by_shape.setdefault(p.shape, []).append(p)
-            for shape, params in by_shape.items():
-                grads = [p.grad for p in params]
-                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-                torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
-                updates = torch.stack(torch._foreach_lerp(grads, bufs, group["momentum"]))  # Nesterov: (n, rows, cols)
-                updates = orthogonalize(updates.to(group["ns_dtype"]), group["ns_steps"]).to(params[0].dtype)
-                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-                torch._foreach_add_(params, updates.unbind(0), alpha=-group["lr"] * max(1, shape[0] / shape[1]) ** 0.5)
-        return loss
-
-
-def orthogonalize(g, steps, eps=1e-7):
-    """Newton-Schulz iterations towards U V^T for each matrix U S V^T in g (n, rows, cols); the
-    quintic's coefficients push small singular values up fast, to ~[0.7, 1.2] rather than exactly 1."""
-    a, b, c = 3.4445, -4.7750, 2.0315
-    tall = g.size(1) > g.size(2)
-    x = g.mT if tall else g  # (n, r, k) with r <= k: the Gram matrices are the small side
-    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
-        gram = x @ x.mT  # (n, r, r)
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.mT if tall else x
-
-
 def check_sampling(temperature, top_k, top_p):
     """ValueError, saying why, for sampling options that cannot work."""
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -367,8 +292,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
         drop[:, 0] = False  # the most likely token always stays
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     # a draw from probs as a race: token i finishes at E_i / p_i with E_i ~ Exp(1), and the first
-    # to finish wins with probability p_i. Three small ops, where torch.multinomial's set-up cost
-    # ~10x more per token on a CPU (and a host sync on a GPU).
+    # to finish wins with probability p_i. Three small ops, where torch.multinomial's set-up costs
+    # more per token on a CPU (and a host sync on a GPU).
     probs = F.softmax(logits, dim=-1)
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1, keepdim=True)
 
@@ -393,94 +318,3 @@ def load_hf_state_dict(directory):
     if os.path.exists(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
-
-
-# ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training
-# step uses. Peaks come from datasheets (dense, no sparsity) on GPUs, and on a CPU from a short
-# matrix-multiply probe run once and cached, since no table can know a CPU's.
-
-# Dense peak FLOP/s by GPU name fragment, for bf16/fp16 tensor cores and for fp32 (as TF32, which
-# train.py enables on CUDA). Checked in order: put longer names first.
-GPU_PEAKS = [
-    ("H200", {"bf16": 989e12, "fp32": 494e12}),
-    ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
-    ("H100", {"bf16": 989e12, "fp32": 494e12}),
-    ("B200", {"bf16": 2250e12, "fp32": 1100e12}),
-    ("A100", {"bf16": 312e12, "fp32": 156e12}),
-    ("A10G", {"bf16": 70e12, "fp32": 35e12}),
-    ("A10", {"bf16": 125e12, "fp32": 62.5e12}),
-    ("L40S", {"bf16": 362e12, "fp32": 183e12}),
-    ("L4", {"bf16": 121e12, "fp32": 60e12}),
-    ("RTX 4090", {"bf16": 165e12, "fp32": 82.6e12}),
-    ("RTX 3090", {"bf16": 71e12, "fp32": 35.6e12}),
-    ("V100", {"bf16": 125e12, "fp32": 15.7e12}),  # fp16 only; V100 has no bf16
-    ("T4", {"bf16": 65e12, "fp32": 8.1e12}),
-]
-BUSY_SHARE = 0.75  # a process with less of its threads' CPU time than this shares its cores with other work
-CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
-
-
-def measure_cpu_peak(dtype, size=1024, seconds=1.0):
-    """(FLOP/s of a square matmul on this CPU with torch's threads, the practical peak; the CPU time
-    the process got, in CPUs: below the thread count, other work was running and the figure is low)."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    for _ in range(3):  # warm-up: thread pool, caches, kernel choice
-        a @ b
-    best, wall, cpu = 0.0, time.perf_counter(), time.process_time()
-    for _ in range(5):  # the best of several short runs: a busy moment only lowers one of them
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 5:
-            a @ b
-            n += 1
-        best = max(best, 2 * size ** 3 * n / (time.perf_counter() - start))
-    return best, (time.process_time() - cpu) / (time.perf_counter() - wall)
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def peak_flops(device_type, dtype, seen=0.0):
-    """(peak FLOP/s, where it came from) for this device and dtype; (None, reason) if unknown.
-    seen: FLOP/s a run has reached; on a CPU it raises the cached peak if higher, so MFU <= 100%."""
-    key = "fp32" if dtype == torch.float32 else "bf16"
-    if device_type == "cuda":
-        name = torch.cuda.get_device_name()
-        for fragment, peaks in GPU_PEAKS:
-            if fragment in name:
-                return peaks[key], f"{name} datasheet, {key}"
-        return None, f"{name} is not in model.GPU_PEAKS"
-    if device_type != "cpu":
-        return None, f"no peak known for {device_type}"
-    threads = torch.get_num_threads()
-    machine = f"{cpu_name()}|{os.cpu_count()}|{threads}|{dtype}"
-    source = f"measured {key} matmul on this CPU ({threads} threads)"
-    try:
-        with open(CPU_PEAK_CACHE) as f:
-            cached = json.load(f)
-    except (OSError, ValueError):
-        cached = {}
-    if machine in cached and cached[machine] >= seen:
-        return cached[machine], source
-    if machine in cached:  # a run beat the probe: the probe was low
-        cached[machine] = seen
-    else:
-        peak, cpus_busy = measure_cpu_peak(dtype)
-        if cpus_busy < BUSY_SHARE * threads:  # other work ran: a low figure, not the machine's
-            return max(peak, seen), source + f", while other work ran ({cpus_busy:.1f} CPUs' time): not cached"
-        cached[machine] = max(peak, seen)
-    try:
-        os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
-        with open(CPU_PEAK_CACHE, "w") as f:
-            json.dump(cached, f)
-    except OSError:
-        pass  # an unwritable home, or a torn file, only costs a re-measure next time
-    return cached[machine], source

@@ -1,14 +1,12 @@
 """
-Sample from a trained model, streaming tokens to the terminal as they are made:
+Sample from a trained model, streaming tokens to the terminal as they are made, or draw its
+attention (attention_map.py renders the pictures):
 
     python sample.py                                   # from out/ckpt.pt, which `python train.py` writes
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
     python sample.py --start="ROMEO:" --max_new_tokens=40 --attention_map=attn.html   # explore its attention
 """
-import base64
-import html
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -17,13 +15,12 @@ from typing import Optional
 import torch
 
 from attention import Backend, check_backend
-from checkpoint import atomic_write, ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import DType, check_threads, config_from_argv, fail, pick_device, pick_dtype, pick_threads
+from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
+from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
+from hardware import DType, autocast, check_threads, pick_device, pick_dtype, pick_threads
 from model import GPT, check_sampling
-
-
-PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_map writes, by its extension
 
 
 @dataclass
@@ -62,6 +59,31 @@ class SampleConfig:
         check_threads(self.threads)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+
+
+def main(cfg):
+    """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
+    try:
+        device = pick_device(cfg.device)
+        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
+        torch.set_num_threads(pick_threads(cfg.threads))
+        if cfg.attention:
+            check_backend(cfg.attention, device.split(":")[0], dtype)
+        model, tokenizer = load_model(cfg)
+        prompt = cfg.start
+        if prompt.startswith("FILE:"):
+            with open(prompt[5:], encoding="utf-8") as f:
+                prompt = f.read()
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one character with --start=...")
+    except (ValueError, OSError) as e:
+        fail(e)
+    model.eval().to(device)
+    if cfg.attention_map:
+        draw_attention(model, tokenizer, ids, cfg)
+    else:
+        write_samples(model, tokenizer, prompt, ids, cfg, dtype)
 
 
 def load_model(cfg):
@@ -112,41 +134,15 @@ def draw_attention(model, tokenizer, ids, cfg):
     print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
 
 
-def main(cfg):
-    """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
-    try:
-        device = pick_device(cfg.device)
-        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
-        torch.set_num_threads(pick_threads(cfg.threads))
-        if cfg.attention:
-            check_backend(cfg.attention, device.split(":")[0], dtype)
-        model, tokenizer = load_model(cfg)
-        prompt = cfg.start
-        if prompt.startswith("FILE:"):
-            with open(prompt[5:], encoding="utf-8") as f:
-                prompt = f.read()
-        ids = tokenizer.encode(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty; give at least one character with --start=...")
-    except (ValueError, OSError) as e:
-        fail(e)
-    model.eval().to(device)
-    if cfg.attention_map:
-        draw_attention(model, tokenizer, ids, cfg)
-    else:
-        write_samples(model, tokenizer, prompt, ids, cfg, dtype)
-
-
 def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
     """num_samples continuations of the prompt, sampled together as one batch: the first is
     streamed to stdout token by token, the others follow when the batch is done."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
     sys.stdout.write(prompt)
-    with autocast:
+    with autocast(device.type, dtype):
         for tokens in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
                                    cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
             new.append(tokens)  # (num_samples, 1)
@@ -161,57 +157,6 @@ def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
     for row in rows[1:]:
         sys.stdout.write(prompt + tokenizer.decode(row) + "\n---------------\n")
     sys.stdout.flush()
-
-
-def write_attention_page(weights, labels, path, title):
-    """One self-contained HTML page (assets/attention_page.html filled in) to explore the weights:
-    per layer (nh, T, T); labels: the T tokens as text. Each head's lower triangle is kept, rounded
-    to a byte (1/255), so a block of 256 tokens x 144 heads (GPT-2) is about 6 MB."""
-    T = len(labels)
-    lower = torch.ones(T, T, dtype=torch.bool).tril()  # row i holds weights 0..i; the rest are masked
-    packed = torch.cat([(w.float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)[:, lower].flatten()
-                        for w in weights])  # layer by layer, head by head, row by row
-    data = {"tokens": labels, "n_layer": len(weights), "n_head": weights[0].size(0),
-            "weights": base64.b64encode(packed.numpy().tobytes()).decode("ascii")}
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "attention_page.html"),
-              encoding="utf-8") as f:
-        page = f.read()
-    page = page.replace("__TITLE__", html.escape(title)).replace("__DATA__", json.dumps(data).replace("</", "<\\/"))
-    atomic_write(path, lambda f: f.write(page.encode("utf-8")))
-
-
-def plot_attention(weights, labels, png_path, layer=0, head=0):
-    """weights: per-layer tensors (nh, T, T) for one sequence; labels: the T tokens as text.
-    Left: every layer x head as a small grid; right: the chosen (layer, head) large, labelled."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only; works on machines without a screen
-    import matplotlib.pyplot as plt
-
-    n_layer, n_head = len(weights), weights[0].size(0)
-    fig = plt.figure(figsize=(2 * n_head + 8, max(2 * n_layer, 6)))
-    grid = fig.add_gridspec(n_layer, n_head + 4)
-    for i in range(n_layer):
-        for j in range(n_head):
-            ax = fig.add_subplot(grid[i, j])
-            ax.imshow(weights[i][j].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if i == 0:
-                ax.set_title(f"head {j}", fontsize=8)
-            if j == 0:
-                ax.set_ylabel(f"layer {i}", fontsize=8)
-    ax = fig.add_subplot(grid[:, n_head:])
-    image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
-    shown = [repr(t)[1:-1].replace(" ", "␣") for t in labels]  # make newlines and spaces visible
-    ax.set_xticks(range(len(shown)), shown, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(shown)), shown, fontsize=7)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
-    ax.set_title(f"layer {layer}, head {head}: row i = how query i spreads its attention")
-    fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,19 @@ Train a GPT. On one CPU out of the box:
     python train.py configs/shakespeare_char_gpu.toml      # nanoGPT's Shakespeare recipe, one GPU
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.toml
 
-Settings: configurator.TrainConfig (`python train.py --help`). `main` tells the story in order;
-the functions after it are its steps, in the order it calls them.
+The settings come first (TrainConfig, `python train.py --help`); then `main` tells the story in
+order, and the functions after it are its steps, in the order it calls them.
 """
 import collections
 import contextlib
-import math
 import os
 import random
 import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 import numpy as np
 import torch
@@ -25,18 +25,93 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (TrainingLog, check_out_dir, check_resumable, ckpt_path, load_checkpoint,
-                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, unlock_out_dir)
-from configurator import (TrainConfig, config_from_argv, fail, fail_together, model_config, pick_device, pick_dtype,
-                          pick_threads)
-from data.loader import SHAKESPEARE_CHAR_DIR, Batches, load_meta, open_split
-from data.prepare import prepare_shakespeare_char
-from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS
+from checkpoint import (check_out_dir, check_resumable, ckpt_path, load_checkpoint, model_from_checkpoint, rng_state,
+                        save_checkpoint, set_rng_state, unlock_out_dir)
+from configurator import config_from_argv, fail
+from data.loader import Batches, load_meta, open_split
+from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
+from distributed import agree_on_stop, fail_together, leave_process_group
+from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
+from log import TrainingLog
+from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions
+from optim import configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
+
+
+@dataclass
+class TrainConfig(GPTConfig):
+    # the model: every GPTConfig setting, with the CPU recipe's defaults where they differ
+    vocab_size: int = 0  # 0: the data's (meta.json); more pads the embedding (e.g. 50304 for GPU speed)
+    block_size: int = 64  # the context: tokens per training sequence
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    pos_embedding: Positions = "rope"
+    activation: Activation = "gelu"  # the exact GELU, as nanoGPT's nn.GELU(): GPT-2's tanh form is slower on some CPUs
+    # I/O
+    out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
+    data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
+    init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
+    overwrite: bool = False  # a new run may replace a trained checkpoint in out_dir (else it refuses)
+    eval_only: bool = False  # print the initial model's train and val loss, write nothing, stop
+    eval_interval: int = 1000  # iterations between evaluations (and checkpoints)
+    eval_iters: int = 200  # batches per evaluation; the same batches every time
+    log_interval: int = 50  # iterations between log lines
+    wandb_log: bool = False  # also log to Weights & Biases (offline without an API key)
+    wandb_project: str = "gpt"  # the wandb project
+    wandb_run_name: str = "run"  # the wandb run's name
+    # data
+    batch_size: int = 32  # sequences per micro-batch, per process
+    gradient_accumulation_steps: int = 0  # micro-batches per optimizer step, all processes together; 0: one per process
+    # optimizer: linear warm-up, then cosine decay to min_lr, following the clock if max_seconds > 0
+    optimizer: Literal["adamw", "muon"] = "muon"  # muon: Muon for the blocks' matrices, AdamW for the rest
+    learning_rate: float = 2e-3  # AdamW's peak rate; muon_lr and min_lr follow the same schedule
+    muon_lr: float = 0.02  # Muon's peak rate
+    max_iters: int = 1_000_000  # stop after this many iterations
+    max_seconds: float = 190.0  # > 0: stop after this much training time (evaluations not counted)
+    weight_decay: float = 0.1  # on matrices only
+    beta1: float = 0.9  # AdamW's momentum
+    beta2: float = 0.99  # AdamW's second-moment decay
+    grad_clip: float = 1.0  # clip the gradient norm to this; 0: no clipping
+    warmup_iters: int = 100  # iterations of linear warm-up
+    lr_decay_iters: int = 0  # iterations of cosine decay when max_seconds is 0; 0: max_iters
+    min_lr: float = 2e-4  # AdamW's rate at the end of the decay
+    # system
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
+    dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
+    threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
+    compile: bool = False  # torch.compile the model
+    parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
+    seed: int = 1337  # for the weights, the batches and dropout
+
+    def __post_init__(self):
+        for name in ("batch_size", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters",
+                     "min_lr", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("learning_rate", "muon_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        check_threads(self.threads)
+        model_config(self, self.vocab_size or 1)  # the model's own checks (n_embd % n_head, ...)
+
+
+def model_config(cfg, vocab_size):
+    """The GPTConfig that cfg's model settings describe, for a vocabulary of vocab_size tokens."""
+    return GPTConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}, "vocab_size": vocab_size})
 
 
 def main(cfg):
@@ -45,49 +120,38 @@ def main(cfg):
     try:
         error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
-            run = set_up(cfg)
-            data = load_data(cfg, run)
-            checkpoint = load_resume_point(cfg, data.meta, run)
+            setup = set_up(cfg)
+            data = load_data(cfg, setup)
+            checkpoint = load_resume_point(cfg, data.meta, setup)
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
-            model = build_model(cfg, data.meta, checkpoint, run)
-            if run.master and not cfg.eval_only:
+            model = build_model(cfg, data.meta, checkpoint, setup)
+            if setup.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=checkpoint is not None, overwrite=cfg.overwrite)
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
-        model.to(run.device)
-        if run.fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
-            for block in model.transformer.h:
-                fully_shard(block)
-            fully_shard(model)
-        optimizers = model.configure_optimizers(cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
-                                                (cfg.beta1, cfg.beta2), cfg.muon_lr, run.device_type, run.dtype)
-        state = TrainState(model, optimizers, torch.amp.GradScaler(run.device_type, enabled=run.dtype == torch.float16),
-                           Batches(data.train, cfg.block_size, cfg.batch_size, cfg.seed, run.device))
+        state = new_train_state(cfg, setup, model, data.train)
         if checkpoint is not None:
-            restore(state, checkpoint, ckpt_path(cfg.out_dir), run)
+            resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
             del checkpoint  # free its memory
-        step_model = torch.compile(model) if cfg.compile else model  # what the training step calls
-        if run.distributed and not run.fsdp:
-            step_model = DistributedDataParallel(step_model,
-                                                 device_ids=[run.local_rank] if run.device_type == "cuda" else None)
-        logger = TrainingLog(cfg, run, model)
+        wrapped_model = wrap_model(cfg, setup, model)
+        logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
-            logger.evaluation(state.iter_num, evaluate(model, data, cfg, run))
+            logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
         else:
-            train(cfg, run, data, state, step_model, logger, stop)
+            train(cfg, setup, data, state, wrapped_model, logger, stop)
         return model
     finally:
-        stop.restore()
+        stop.release()
         unlock_out_dir(cfg.out_dir)
-        end_processes()
+        leave_process_group()
 
 
 @dataclass
-class Run:
-    """Where this process trains: its place among torchrun's processes, its device and precision."""
+class Setup:
+    """How this process trains: its place among torchrun's processes, its device and precision."""
     rank: int
     local_rank: int
     world_size: int
@@ -97,7 +161,6 @@ class Run:
     device: str
     dtype: torch.dtype
 
-
     def __post_init__(self):
         self.master = self.rank == 0  # rank 0 prints and writes
         self.device_type = self.device.split(":")[0]
@@ -105,7 +168,7 @@ class Run:
         self.state_options = StateDictOptions(full_state_dict=self.fsdp, cpu_offload=self.fsdp)
 
     def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        return autocast(self.device_type, self.dtype)
 
 
 def set_up(cfg):
@@ -129,24 +192,24 @@ def set_up(cfg):
                          f"processes ({world_size}), or 0 for one micro-batch per process")
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # TF32 matmuls
+        enable_tf32()
     if distributed:
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Run(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype)
+    return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype)
 
 
 Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-mapped), meta.json
 
 
-def load_data(cfg, run):
+def load_data(cfg, setup):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
     missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
     try:
-        if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and run.local_rank == 0:
+        if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             prepare_shakespeare_char(cfg.data_dir)
     finally:  # the others wait for the first process of each machine, even if it failed
-        if run.distributed:
+        if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
     data = Data(*(open_split(cfg.data_dir, split, meta["vocab_size"]) for split in ("train", "val")), meta)
@@ -164,16 +227,16 @@ def load_data(cfg, run):
     return data
 
 
-def load_resume_point(cfg, meta, run):
+def load_resume_point(cfg, meta, setup):
     """With init_from=resume, out_dir's checkpoint, checked to hold the model these settings ask for."""
     if cfg.init_from != "resume":
         return None
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))
-    check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, cfg.vocab_size or meta["vocab_size"], quiet=not run.master)
+    check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, cfg.vocab_size or meta["vocab_size"], quiet=not setup.master)
     return checkpoint
 
 
-def build_model(cfg, meta, checkpoint, run):
+def build_model(cfg, meta, checkpoint, setup):
     """The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights (whose shape wins)."""
     runtime = {k: getattr(cfg, k) for k in RUNTIME_SETTINGS}
     if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
@@ -185,11 +248,26 @@ def build_model(cfg, meta, checkpoint, run):
     model.crop_block_size(cfg.block_size)
     c = model.config
     ignored = [f"{k}={getattr(wanted, k)}" for k in WEIGHT_SETTINGS if getattr(wanted, k) != getattr(c, k)]
-    if ignored and run.master:
+    if ignored and setup.master:
         print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
               f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm}); "
               f"not used: {', '.join(ignored)}")
     return model
+
+
+def new_train_state(cfg, setup, model, train_tokens):
+    """The model on its device (sharded by FSDP2 when asked), its optimizers, a grad scaler and the
+    batch sampler, at iteration 0."""
+    model.to(setup.device)
+    if setup.fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+    optimizers = configure_optimizers(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
+                                      (cfg.beta1, cfg.beta2), cfg.muon_lr, setup.device_type, setup.dtype)
+    scaler = torch.amp.GradScaler(setup.device_type, enabled=setup.dtype == torch.float16)
+    return TrainState(model, optimizers, scaler, Batches(train_tokens, cfg.block_size, cfg.batch_size, cfg.seed,
+                                                         setup.device))
 
 
 class Clock:
@@ -223,41 +301,49 @@ class TrainState:
     clock: Clock = field(default_factory=Clock)
 
 
-def restore(state, checkpoint, path, run):
+def resume_state(state, checkpoint, path, setup):
     """Continue where the checkpoint left off: optimizer, scaler, progress and every RNG."""
-    set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=run.state_options)
+    set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=setup.state_options)
     state.scaler.load_state_dict(checkpoint["scaler"])
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
     set_rng_state(checkpoint["rng"], state.batches.generator)
-    if run.master:
+    if setup.master:
         print(f"resuming from {path} at iteration {state.iter_num}")
 
 
+def wrap_model(cfg, setup, model):
+    """The model as the training step calls it: compiled if asked, and in DDP under torchrun."""
+    wrapped = torch.compile(model) if cfg.compile else model
+    if setup.distributed and not setup.fsdp:
+        wrapped = DistributedDataParallel(wrapped, device_ids=[setup.local_rank] if setup.device_type == "cuda" else None)
+    return wrapped
+
+
 @torch.no_grad()
-def evaluate(model, data, cfg, run):
+def evaluate(model, data, cfg, setup):
     """Mean loss over the same eval_iters batches of each split every time, shared out between ranks."""
     model.eval()
     losses = {}
     for split, tokens in (("train", data.train), ("val", data.val)):
-        fixed = Batches(tokens, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=run.device)
-        total = torch.zeros((), device=run.device)
+        eval_batches = Batches(tokens, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device)
+        total = torch.zeros((), device=setup.device)
         # a bar only where someone watches: a terminal, and evaluations long enough to wait for
-        shown = tqdm(fixed.offsets(cfg.eval_iters), desc=f"eval {split}", leave=False, mininterval=1.0,
-                     disable=not (run.master and sys.stderr.isatty()))
-        for k, offsets in enumerate(shown):
-            if k % run.world_size == run.rank:
-                x, y = fixed.load(offsets)
-                with run.autocast():
+        progress = tqdm(eval_batches.offsets(cfg.eval_iters), desc=f"eval {split}", leave=False, mininterval=1.0,
+                        disable=not (setup.master and sys.stderr.isatty()))
+        for k, offsets in enumerate(progress):
+            if k % setup.world_size == setup.rank:
+                x, y = eval_batches.load(offsets)
+                with setup.autocast():
                     total += model(x, y)[1].float()
-        if run.distributed:
+        if setup.distributed:
             torch.distributed.all_reduce(total)
         losses[split] = total.item() / cfg.eval_iters
     model.train()
     return losses
 
 
-def train(cfg, run, data, state, step_model, logger, stop):
+def train(cfg, setup, data, state, wrapped_model, logger, stop):
     """The loop: evaluate and save every eval_interval iterations and at the end, take a step, log;
     stop at max_iters, at max_seconds of training, or on a signal."""
     start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
@@ -268,68 +354,59 @@ def train(cfg, run, data, state, step_model, logger, stop):
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
             logger.check_finite(state.iter_num)
             with state.clock.paused():  # evaluating, saving and drawing are not training time
-                losses = evaluate(state.model, data, cfg, run)
+                losses = evaluate(state.model, data, cfg, setup)
                 state.best_val_loss = min(state.best_val_loss, losses["val"])
-                save(state, cfg, data.meta, run, "evaluation", final=last)
+                save(state, cfg, data.meta, setup, "evaluation", final=last)
                 logger.evaluation(state.iter_num, losses, elapsed)
         if last:
             break
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)
-        logger.add_loss(train_step(state, step_model, cfg, run, multiplier))
+        logger.add_loss(train_step(state, wrapped_model, cfg, setup, multiplier))
         state.iter_num += 1
         if state.iter_num % cfg.log_interval == 0:
-            logger.steps(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
-        elif run.distributed:
+            logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
+        elif setup.distributed:
             continue  # the ranks act on clock and signals only where they agree on them, once per log line
-        signum, elapsed = agree(run, stop.signum, state.clock.seconds())
+        signum, elapsed = agree_on_stop(stop.signum, state.clock.seconds(), setup.device)
         out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
         if signum:
             logger.check_finite(state.iter_num)
-            save(state, cfg, data.meta, run, f"stopped by {signal.Signals(signum).name} after iteration "
+            save(state, cfg, data.meta, setup, f"stopped by {signal.Signals(signum).name} after iteration "
                                              f"{state.iter_num}", final=True)
-            if run.master:
+            if setup.master:
                 print(f"resume with: python train.py {shlex.join([*sys.argv[1:], '--init_from=resume'])}")
             sys.exit(128 + signum)
-    if run.master:
+    if setup.master:
         print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; best val loss "
               f"{state.best_val_loss:.4f}; checkpoint {ckpt_path(cfg.out_dir)}; sample with: python sample.py "
               f"--out_dir={shlex.quote(cfg.out_dir)}")
     logger.close()
 
 
-def lr_multiplier(cfg, it, elapsed):
-    """The learning rate as a fraction of its peak: linear warm-up over warmup_iters, then a cosine
-    down to min_lr/learning_rate as training progresses, by the clock if max_seconds is set."""
-    if it < cfg.warmup_iters:
-        return (it + 1) / (cfg.warmup_iters + 1)
-    decay_iters = (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters
-    progress = elapsed / cfg.max_seconds if cfg.max_seconds > 0 else (it - cfg.warmup_iters) / max(1, decay_iters)
-    floor = cfg.min_lr / cfg.learning_rate
-    return floor + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (1.0 - floor)
-
-
-def train_step(state, step_model, cfg, run, lr_multiplier):
+def train_step(state, wrapped_model, cfg, setup, multiplier):
     """One optimizer step: this rank's share of the micro-batches (gradients are all-reduced only
-    after the last), then clipping and the update. Returns the mean loss, on the device."""
-    for optimizer in state.optimizers:
-        for group in optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * lr_multiplier
-    mine = state.batches.offsets(run.accumulation_steps)[run.rank::run.world_size]
+    after the last), then clipping and the update, at `multiplier` times the peak learning rates.
+    Returns the mean loss, on the device."""
+    set_lr(state.optimizers, multiplier)
+    my_batches = state.batches.offsets(setup.accumulation_steps)[setup.rank::setup.world_size]
     total = 0.0
-    for i, offsets in enumerate(mine):
+    for i, offsets in enumerate(my_batches):
         x, y = state.batches.load(offsets)
-        sync = i == len(mine) - 1
-        if run.fsdp:
-            step_model.set_requires_gradient_sync(sync)
-        no_sync = step_model.no_sync() if run.distributed and not run.fsdp and not sync else contextlib.nullcontext()
-        with no_sync, run.autocast():
-            loss = step_model(x, y)[1] / len(mine)
-        state.scaler.scale(loss).backward()
+        sync = i == len(my_batches) - 1
+        if setup.fsdp:
+            wrapped_model.set_requires_gradient_sync(sync)
+        ddp_no_sync = setup.distributed and not setup.fsdp and not sync
+        with wrapped_model.no_sync() if ddp_no_sync else contextlib.nullcontext():
+            with setup.autocast(), record_function("forward"):  # labels for bench/train.py --profile
+                loss = wrapped_model(x, y)[1] / len(my_batches)
+            with record_function("backward"):
+                state.scaler.scale(loss).backward()
         total += loss.detach()
     if cfg.grad_clip > 0:
-        for optimizer in state.optimizers:
-            state.scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(step_model.parameters(), cfg.grad_clip)
+        with record_function("clip"):
+            for optimizer in state.optimizers:
+                state.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(wrapped_model.parameters(), cfg.grad_clip)
     for optimizer in state.optimizers:
         state.scaler.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
@@ -337,18 +414,8 @@ def train_step(state, step_model, cfg, run, lr_multiplier):
     return total
 
 
-def agree(run, signum, elapsed):
-    """(signal, training seconds) for every rank to act on, the largest of each: the clock drives the
-    schedule, and a signal to one rank stops all (one landing during the all_reduce counts next time)."""
-    if not run.distributed:
-        return signum, elapsed
-    agreed = torch.tensor([float(signum), elapsed], dtype=torch.float64, device=run.device)
-    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
-    return int(agreed[0]), agreed[1].item()
-
-
 class StopRequest:
-    """From start() until restore(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step."""
+    """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step."""
 
     def __init__(self):
         self.signum, self.previous = 0, {}
@@ -359,17 +426,18 @@ class StopRequest:
     def request(self, signum, frame):
         self.signum = signum
 
-    def restore(self):
+    def release(self):
+        """Put back the handlers that were there before start()."""
         for s, handler in self.previous.items():
             signal.signal(s, handler)
 
 
-def save(state, cfg, meta, run, reason, final=False):
+def save(state, cfg, meta, setup, reason, final=False):
     """Every rank takes part (FSDP gathers the shards); rank 0 writes. A failed write (a full disk,
     say) leaves the previous checkpoint as it was; training goes on unless it was the last."""
-    model_state = get_model_state_dict(state.model, options=run.state_options)
-    optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=run.state_options)
-    if not run.master:
+    model_state = get_model_state_dict(state.model, options=setup.state_options)
+    optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
+    if not setup.master:
         return
     path = ckpt_path(cfg.out_dir)
     checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
@@ -386,14 +454,6 @@ def save(state, cfg, meta, run, reason, final=False):
         print(f"warning: {message}; training goes on and tries again at the next evaluation")
         return
     print(f"saved {path} ({reason})")
-
-
-def end_processes():
-    """Leave the process group, after a barrier (so rank 0 finishes its last save) unless failing."""
-    if torch.distributed.is_initialized():
-        if sys.exc_info()[0] in (None, SystemExit):
-            torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

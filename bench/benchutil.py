@@ -1,9 +1,8 @@
 """Shared helpers for the bench/ scripts: option parsing, machine description, timing, tables, JSON.
 
-Every script puts the repository root first on sys.path before importing this, so `bench.benchutil`
-and the library modules (model, attention, configurator, checkpoint, data.loader) resolve the same
-from any directory. The scripts use only those: train.py and sample.py are programs, not libraries
-(bench/recipe.py runs train.py as a subprocess).
+Every script puts the repository root first on sys.path before importing this, so `bench.benchutil`,
+the library modules (model, attention, hardware, checkpoint, data.loader, ...) and train.py (whose
+training step bench/train.py times; importing it changes nothing) resolve the same from any directory.
 """
 import datetime
 import json
@@ -16,8 +15,9 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from configurator import ConfigError, fail, load_config, pick_device, pick_dtype, pick_threads
-from model import cpu_name
+from configurator import ConfigError, fail, load_config
+from files import atomic_write
+from hardware import cpu_name, pick_device, pick_dtype, pick_threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -170,12 +170,9 @@ def md_table(headers, rows):
 
 def write_json(path, obj):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
     text = json.dumps(obj, indent=1, default=str)
     text = text.replace(ROOT + os.sep, "")  # paths in the repository are kept relative to it
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write((text + "\n").encode()))
     path = os.path.abspath(path)
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")
 

@@ -15,7 +15,7 @@
 # allowed to fail without stopping the rest:
 #   1. environment: nvidia-smi, torch / CUDA / flash-attn versions; WHEELS installed if given
 #   2. bench/train.py, GPT-2 124M (configs/gpt2_124m.toml), batch 32 x 1024, bf16, flash: eager vs
-#      compiled: tokens/s and MFU, the headline number
+#      compiled: tokens/s and MFU, the headline number
 #   3. the whole test suite, the opt-in compile tests included, with the GPU visible
 #      (tests/test_devices.py and tests/test_compile.py have CUDA cases)
 #   4. bench/attention.py: bf16, T = 128 .. 16384, manual vs sdpa vs flash (+ fa2/fa3 if installed)

@@ -44,16 +44,18 @@ from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
                              resolve_device, resolve_dtype, set_threads, summary, timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import TrainConfig, model_config
-from data.loader import SHAKESPEARE_CHAR_DIR, load_meta
+from data.loader import load_meta
+from data.prepare import SHAKESPEARE_CHAR_DIR
+from hardware import autocast
 from model import GPT
+from train import TrainConfig, model_config
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default, and nanoGPT's CPU recipe
 REQUIRED_SPEEDUP = 5.0  # KV cache >= 5x faster than no cache for that model at block_size >= 256
 REQUIRED_MIN_BLOCK = 256
 REQUIRED_VS_NANOGPT = 3.0  # model.generate >= 3x nanoGPT's loop for that model at nanoGPT's block_size 64
 NANOGPT_BLOCK = 64
-REQUIRED_NEW_TOKENS = 500  # the issues' generation length
+REQUIRED_NEW_TOKENS = 500  # the generation length the goals are stated for
 
 
 @dataclass
@@ -192,7 +194,7 @@ def profile_paths(cfg, generate, paths, device):
 
 
 def check_requirements(c, cfg, device_type, speedup, vs_nanogpt):
-    """The issues' two sampling goals, each printed as holding or not, or as not applicable to this run."""
+    """The two sampling goals (bench/README.md), each printed as holding or not, or as not applicable to this run."""
     default_model = device_type == "cpu" and all(getattr(c, k) == v for k, v in DEFAULT_SHAPE.items()) \
         and cfg.max_new_tokens >= REQUIRED_NEW_TOKENS
     requirements = {
@@ -229,9 +231,8 @@ def main(cfg):
         fail(f"prompt_len={cfg.prompt_len} exceeds block_size={c.block_size}")
     g = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(c.vocab_size, (1, cfg.prompt_len), generator=g).to(device)
-    autocast = torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
     generate = functools.partial(generate_path, model=model, baseline=baseline, prompt=prompt, seed=cfg.seed,
-                                 device=device, autocast=autocast)
+                                 device=device, autocast=autocast(device_type, dtype))
     paths = ("kv_cache", "no_cache", "nanogpt")
     results = time_paths(cfg, generate, paths, device)
     speedup = results["kv_cache"]["tokens_per_s"] / results["no_cache"]["tokens_per_s"]

@@ -6,18 +6,18 @@ bf16 autocast, manual vs sdpa vs flash attention, AdamW vs Muon, GELU's tanh for
     python bench/train.py configs/gpt2_124m.toml --batch_size=16 --variants=compile --attention=flash --dtype=bfloat16
     python bench/train.py --variants=attention --attentions=sdpa,flash --repeats=3 --out=/tmp/t.json
 
-A step is what train.py's train_step does per iteration: forward under autocast, backward, gradient
-clipping, the optimizer step (model.configure_optimizers: AdamW, or Muon with --optimizer in the TOML)
-and zero_grad, on random tokens (no dataset needed; speed does not depend on the data). It is written
-out here from the same library pieces, since train.py is a program, not a library. All variants
-start from the same weights and see the same batches.
+A step is train.py's own train_step, called as train.py calls it: batches drawn and loaded from a
+token array, forward under autocast, backward, gradient clipping, the optimizer step
+(optim.configure_optimizers: AdamW, or Muon) and zero_grad, on random tokens (no dataset needed;
+speed does not depend on the data), at the peak learning rate. All variants start from the same
+weights and see the same batches.
 
 Time: every variant is built first; compiled ones take their first step then (that step's time,
 compile included, is reported as "compile s" and excluded from the timing); each variant runs
 `warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
 (A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
 Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = model.flops_per_token()
-* tokens/s / model.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
+* tokens/s / hardware.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
 matmul peak on a CPU (so CPU MFU is relative to what torch's matmul reaches there).
 Peak memory (CUDA only): max_memory_allocated during one step above what was allocated before it,
 i.e. activations, gradients and temporaries, not the weights or optimizer state already resident.
@@ -32,15 +32,20 @@ import typing
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
 
+import numpy as np
 import torch
-from torch.profiler import record_function
 
+import train
 from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
                              resolve_device, set_threads, split_list, summary, sync, timed, top_ops, write_json)
-from configurator import ConfigError, DType, TrainConfig, load_config, model_config, pick_dtype
+from configurator import ConfigError, load_config
 from data.loader import load_meta
-from model import GPT, Activation, peak_flops
+from data.prepare import TOKEN_DTYPE
+from data.tokenizer import GPT2_VOCAB_SIZE
+from hardware import DType, enable_tf32, peak_flops, pick_dtype
+from model import GPT, Activation
+from train import TrainConfig, model_config
 
 AXES = ("compile", "dtype", "attention", "optimizer", "activation")
 # --variants=execution: how nanoGPT executes a step on a CPU (fp32, PyTorch's SDPA, no compile) against
@@ -52,7 +57,7 @@ EXECUTIONS = {"nanogpt": {"compile": False, "dtype": "float32", "attention": "sd
 
 @dataclass
 class TrainBench:
-    config: str = ""  # a TOML of train.py settings (configs/...); "": configurator.TrainConfig's defaults (the CPU model)
+    config: str = ""  # a TOML of train.py settings (configs/...); "": train.TrainConfig's defaults (the CPU model)
     n_layer: Optional[int] = None  # transformer blocks; none: from the config
     n_head: Optional[int] = None  # attention heads; none: from the config
     n_embd: Optional[int] = None  # width of the residual stream; none: from the config
@@ -99,7 +104,7 @@ def parse_args(argv):
 
 
 def train_config(cfg):
-    """configurator.TrainConfig from the TOML plus this script's shape flags (train.py's own checks apply)."""
+    """train.TrainConfig from the TOML plus this script's shape flags (train.py's own checks apply)."""
     argv = [cfg.config] if cfg.config else []
     argv += [f"--{k}={getattr(cfg, k)}" for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
              if getattr(cfg, k) is not None]
@@ -118,7 +123,7 @@ def vocab_size(cfg, tcfg):
     data_dir = os.path.join(ROOT, tcfg.data_dir)  # an absolute data_dir stays as it is
     if os.path.exists(os.path.join(data_dir, "meta.json")):
         return load_meta(data_dir)["vocab_size"], os.path.join(data_dir, "meta.json")
-    return 50257, "GPT-2 (no meta.json in the config's data_dir)"
+    return GPT2_VOCAB_SIZE, "GPT-2 (no meta.json in the config's data_dir)"
 
 
 def variant_list(cfg, tcfg, device_type):
@@ -165,52 +170,30 @@ def variant_name(v, axes):
 
 
 class Variant:
-    """One model + optimizer + step function."""
+    """One model, its optimizers and train.py's training step, as train.py would set them up with
+    this variant's settings on one process."""
 
-    def __init__(self, spec, tcfg, vocab, device, batches, seed):
-        self.spec, self.device = spec, device
+    def __init__(self, spec, tcfg, vocab, device, tokens, grad_accum, seed):
         device_type = device.split(":")[0]
         self.dtype = pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
         check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
-        torch.manual_seed(seed)  # the same initial weights for every variant
-        self.raw = GPT(replace(model_config(tcfg, vocab), attention=spec["attention"],
-                               activation=spec["activation"])).to(device)
-        self.optimizers = self.raw.configure_optimizers(spec["optimizer"], tcfg.learning_rate, tcfg.weight_decay,
-                                                        (tcfg.beta1, tcfg.beta2), tcfg.muon_lr, device_type,
-                                                        self.dtype)
-        self.model = torch.compile(self.raw) if spec["compile"] else self.raw
-        self.autocast = torch.autocast(device_type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-        self.scaler = torch.amp.GradScaler(device_type, enabled=self.dtype == torch.float16)
-        self.grad_clip, self.batches, self.next = tcfg.grad_clip, batches, 0
+        self.cfg = replace(tcfg, vocab_size=vocab, seed=seed, **{axis: spec[axis] for axis in AXES})
+        self.setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False,
+                                 accumulation_steps=grad_accum, device=device, dtype=self.dtype)
+        torch.manual_seed(self.cfg.seed)  # the same initial weights for every variant
+        self.raw = GPT(model_config(self.cfg, vocab))
+        self.state = train.new_train_state(self.cfg, self.setup, self.raw, tokens)
+        self.model = train.wrap_model(self.cfg, self.setup, self.raw)
 
-    def step(self, micro_steps):
-        """train.py's train_step, at the peak learning rate: returns the last micro-step's loss.
-        Its phases are labelled for --profile (the labels cost nothing when no profiler runs)."""
-        for _ in range(micro_steps):
-            x, y = self.batches[self.next % len(self.batches)]
-            self.next += 1
-            with record_function("forward"), self.autocast:
-                loss = self.model(x, y)[1] / micro_steps
-            with record_function("backward"):
-                self.scaler.scale(loss).backward()
-        if self.grad_clip > 0:
-            with record_function("clip"):
-                for opt in self.optimizers:
-                    self.scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.grad_clip)
-        for opt in self.optimizers:
-            with record_function(f"optimizer {type(opt).__name__}"):
-                self.scaler.step(opt)
-                opt.zero_grad(set_to_none=True)
-        self.scaler.update()
-        return loss
+    def step(self):
+        """train.py's train_step at the peak learning rate: returns the step's mean loss."""
+        return train.train_step(self.state, self.model, self.cfg, self.setup, 1.0)
 
 
 def set_up_device(device_type, specs):
     """TF32 on CUDA, as train.py does; room in torch.compile's cache for every compiled variant."""
     if device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        enable_tf32()
     if any(s["compile"] for s in specs):  # every compiled model is one more cache entry for GPT.forward
         import torch._dynamo.config as dynamo_config
         for name in ("recompile_limit", "cache_size_limit"):
@@ -218,40 +201,36 @@ def set_up_device(device_type, specs):
                 setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
 
 
-def random_batches(cfg, tcfg, vocab, device):
-    """max(2, grad_accum) fixed (inputs, targets) batches of random tokens, on the device."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    batches = []
-    for _ in range(max(2, cfg.grad_accum)):
-        data = torch.randint(vocab, (tcfg.batch_size, tcfg.block_size + 1), generator=g)
-        batches.append((data[:, :-1].contiguous().to(device), data[:, 1:].contiguous().to(device)))
-    return batches
+def random_tokens(cfg, tcfg, vocab):
+    """A stream of random token ids for train.py's batch sampler to draw from, as it draws from train.bin."""
+    n = max(100_000, 4 * tcfg.batch_size * (tcfg.block_size + 1) * cfg.grad_accum)
+    dtype = TOKEN_DTYPE if vocab <= np.iinfo(TOKEN_DTYPE).max + 1 else np.int64
+    return np.random.default_rng(cfg.seed).integers(vocab, size=n).astype(dtype)
 
 
 def failure(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def prepare_variant(cfg, spec, rec, tcfg, vocab, device, batches):
+def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens):
     """The Variant of spec, built, compiled (on its first step) and warmed up, its first numbers in
     rec; None if it cannot run here or failed (rec says why), its tensors freed by then."""
     device_type = device.split(":")[0]
     try:
-        v = Variant(spec, tcfg, vocab, device, batches, cfg.seed)
+        v = Variant(spec, tcfg, vocab, device, tokens, cfg.grad_accum, cfg.seed)
     except ValueError as e:
         rec.update(status="unsupported", message=str(e))
         return None
     try:
-        rec["first_step_seconds"] = timed(lambda: v.step(cfg.grad_accum), device)  # compile happens here
+        rec["first_step_seconds"] = timed(v.step, device)  # compile happens here
         for _ in range(cfg.warmup):
-            v.step(cfg.grad_accum)
-        loss = v.step(cfg.grad_accum)
-        rec["loss_after_warmup"] = loss.item() * cfg.grad_accum
+            v.step()
+        rec["loss_after_warmup"] = v.step().item()
         if device_type == "cuda":
             sync(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-            v.step(cfg.grad_accum)
+            v.step()
             sync(device)
             rec["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
     except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
@@ -276,7 +255,7 @@ def time_variants(cfg, variants, device, tokens_per_step):
             if rec["status"] != "ok":
                 continue
             try:
-                samples[id(rec)].append(timed(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.steps_per_sample)],
+                samples[id(rec)].append(timed(lambda: [v.step() for _ in range(cfg.steps_per_sample)],
                                               device) / cfg.steps_per_sample)
             except Exception as e:  # noqa: BLE001 - e.g. out of memory with the other variants resident
                 rec.update(status="failed", message=failure(e))
@@ -287,22 +266,24 @@ def time_variants(cfg, variants, device, tokens_per_step):
         rec["tokens_per_s"] = tokens_per_step / rec["step_time"]["median"]
         flops = rec["flops_per_token"] * rec["tokens_per_s"]
         if rec["peak_flops"] and flops > rec["peak_flops"]:  # the probe was low: it is raised, MFU stays <= 100%
-            rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, seen=flops)[0]
+            rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, reached=flops)[0]
         rec["mfu"] = flops / rec["peak_flops"] if rec["peak_flops"] else None
 
 
-PHASES = ("forward", "backward", "clip", "optimizer AdamW", "optimizer Muon")
+# a step's phases by their profiler labels (train_step's own, and those torch.optim gives every step)
+PHASES = {"forward": "forward", "backward": "backward", "clip": "clip",
+          "Optimizer.step#AdamW.step": "optimizer AdamW", "Optimizer.step#Muon.step": "optimizer Muon"}
 
 
 def profile_variants(cfg, variants, device):
     """Where a step's time goes: torch.profiler over cfg.profile steps of each variant; per phase
-    (Variant.step's labels) and the ops that take the most time of their own, per step, in ms."""
+    (train_step's labels, torch.optim's) and the ops that take the most time of their own, per step, in ms."""
     for v, rec in variants:
         if rec["status"] != "ok":
             continue
-        wall, prof = profiled(lambda: [v.step(cfg.grad_accum) for _ in range(cfg.profile)], device)
+        wall, prof = profiled(lambda: [v.step() for _ in range(cfg.profile)], device)
         wall /= cfg.profile
-        phases = {e.key: e.cpu_time_total / 1e3 / cfg.profile for e in prof.key_averages() if e.key in PHASES}
+        phases = {PHASES[e.key]: e.cpu_time_total / 1e3 / cfg.profile for e in prof.key_averages() if e.key in PHASES}
         rec["profile"] = {"step_ms": wall * 1e3, "phases_ms": phases,
                           "top_ops_ms": {k: us / 1e3 / cfg.profile for k, us in top_ops(prof, 12).items()}}
         print(f"\nprofile of {rec['name']}: {wall * 1e3:.1f} ms per step under the profiler; by phase: "
@@ -349,13 +330,13 @@ def main(cfg):
     print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
           f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
           f"{cfg.config or 'TrainConfig defaults'}")
-    batches = random_batches(cfg, tcfg, vocab, device)
+    tokens = random_tokens(cfg, tcfg, vocab)
 
     variants, rows = [], []
     for spec in specs:
         rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
         rows.append(rec)
-        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, batches)
+        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens)
         if v is not None:
             variants.append((v, rec))
         elif device_type == "cuda":  # what a failed variant held is free now

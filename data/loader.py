@@ -8,10 +8,8 @@ import os
 import numpy as np
 import torch
 
+from data.prepare import TOKEN_DTYPE
 from data.tokenizer import tokenizer_from_meta
-
-DTYPE = np.uint16  # token ids on disk; both vocabularies (<= 65536 ids) fit
-SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
 
 
 def load_meta(data_dir):
@@ -41,11 +39,11 @@ def open_split(data_dir, split, vocab_size=None):
         raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
                          f"into data/shakespeare_char) or `python data/prepare.py --input=FILE --out_dir={data_dir}`")
     size = os.path.getsize(path)
-    itemsize = np.dtype(DTYPE).itemsize
+    itemsize = np.dtype(TOKEN_DTYPE).itemsize
     if size == 0 or size % itemsize:
         raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of uint16 tokens: it is damaged "
                          "or from an interrupted run; prepare the data again")
-    tokens = np.memmap(path, dtype=DTYPE, mode="r")
+    tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
     if vocab_size is not None and int(tokens.max()) >= vocab_size:
         raise ValueError(f"{path} holds token id {int(tokens.max())}, outside meta.json's vocabulary of {vocab_size}: "
                          "its files come from different preparations; prepare the data again")

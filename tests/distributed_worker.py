@@ -7,8 +7,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from configurator import TrainConfig, load_config
-from train import main
+from configurator import load_config
+from train import TrainConfig, main
 
 cfg = load_config(TrainConfig, sys.argv[1:])
 model = main(cfg)

@@ -8,7 +8,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one thread: a tiny model gains nothing from more, and on a busy 2-core machine OpenMP's spinning
-# threads make each step ~100x slower
+# threads make each step many times slower
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
 # torchrun's workers import the repository's modules: the repository first, then the caller's own path
 TORCHRUN_ENV = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}

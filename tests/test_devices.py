@@ -19,7 +19,7 @@ import torch
 from attention import KVCache, MultiHeadAttention, fa2_func, fa3_func
 from checkpoint import load_checkpoint
 from helpers import check_ok, torchrun
-from model import GPU_PEAKS
+from hardware import GPU_PEAKS
 from model import GPT, GPTConfig
 
 CUDA = torch.cuda.is_available()

@@ -11,6 +11,7 @@ import torch
 from attention import MultiHeadAttention
 from helpers import assert_causal_weights
 from model import GPT, MLP, GPTConfig, sample_next
+from optim import configure_optimizers
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
 B = 2
@@ -386,7 +387,7 @@ def test_tiny_model_overfits_one_batch(backend):
     model = make_gpt(backend, std=0).train()  # GPT-2's own init
     idx = rand_tokens(4, 16, seed=7)
     targets = rand_tokens(4, 16, seed=8)
-    opt, = model.configure_optimizers("adamw", 1e-2, weight_decay=0.0, betas=(0.9, 0.95), muon_lr=0.0,
+    opt, = configure_optimizers(model, "adamw", 1e-2, weight_decay=0.0, betas=(0.9, 0.95), muon_lr=0.0,
                                      device_type="cpu")
     _, first = model(idx, targets)
     assert abs(first.item() - math.log(64)) < 0.5, "an untrained model should start near chance"
@@ -424,7 +425,7 @@ def test_loss_takes_a_sliced_target():
 
 def test_configure_optimizers_decays_matrices_only():
     model = make_gpt("manual", std=0)
-    opt, = model.configure_optimizers("adamw", 1e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.0,
+    opt, = configure_optimizers(model, "adamw", 1e-3, weight_decay=0.1, betas=(0.9, 0.95), muon_lr=0.0,
                                       device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
     decay, no_decay = opt.param_groups

@@ -8,12 +8,12 @@ import matplotlib.image
 import pytest
 import torch
 
-from checkpoint import plot_losses
-from configurator import TrainConfig
+from attention_map import plot_attention
 from data.prepare import prepare_char
-from model import GPT, GPTConfig, Muon, orthogonalize
-from sample import plot_attention
-from train import Clock, lr_multiplier
+from log import plot_losses
+from model import GPT, GPTConfig
+from optim import Muon, configure_optimizers, lr_multiplier, orthogonalize
+from train import Clock, TrainConfig
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\n" * 30
 TINY = ["--device=cpu", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
@@ -59,7 +59,7 @@ def test_iteration_schedule_decays_over_lr_decay_iters():
 
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16))
-    adamw, muon = model.configure_optimizers("muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
+    adamw, muon = configure_optimizers(model, "muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
                                              device_type="cpu")
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     assert muon.param_groups[0]["ns_dtype"] == torch.float32  # an fp32 run does not emulate bf16 matmuls
@@ -75,7 +75,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_muon_makes_the_same_steps_as_torch_muon(weight_decay):
-    """model.Muon batches the matrices of one shape; in bf16 its steps are torch.optim.Muon's."""
+    """optim.Muon batches the matrices of one shape; in bf16 its steps are torch.optim.Muon's."""
     torch.manual_seed(0)
     shapes = [(48, 16), (48, 16), (16, 16), (16, 64), (16, 64), (16, 16)]  # tall, square and wide, two of each
     ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
@@ -94,7 +94,7 @@ def test_muon_makes_the_same_steps_as_torch_muon(weight_decay):
 
 
 def test_muon_takes_up_the_state_of_torch_muon():
-    """A checkpoint written while train.py used torch.optim.Muon resumes with model.Muon."""
+    """A checkpoint written while train.py used torch.optim.Muon resumes with optim.Muon."""
     torch.manual_seed(0)
     theirs = torch.nn.Parameter(torch.randn(8, 4))
     old = torch.optim.Muon([theirs], lr=0.02)

@@ -309,8 +309,8 @@ SIGNAL_DURING_AGREEMENT = """
 import os, signal, sys
 import torch
 import torch.distributed as dist
-from configurator import TrainConfig, load_config
-from train import main
+from configurator import load_config
+from train import TrainConfig, main
 
 real_all_reduce = dist.all_reduce
 
@@ -678,7 +678,7 @@ def test_bad_input(case, bad_input_runs):
 def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     import wandb
 
-    from checkpoint import MetricsLog
+    from log import MetricsLog
 
     def refuse(**kwargs):
         raise RuntimeError("wandb.init timed out (no network)")
@@ -694,7 +694,7 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
 # ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------
 
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
-    from configurator import pick_threads
+    from hardware import pick_threads
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)  # 3 of the machine's CPUs
     assert pick_threads(0) == 3
@@ -716,13 +716,6 @@ def test_train_sets_the_threads_it_is_told(tmp_path, launch):
     assert "| 3 threads |" in proc.stdout, proc.stdout
 
 
-def speed_log(threads):
-    """A TrainingLog as train.py makes one, without a model: only what check_speed reads."""
-    from checkpoint import TrainingLog
-    log = TrainingLog.__new__(TrainingLog)
-    log.best_tokens_per_s, log.warned_slow = 0.0, False
-    torch.set_num_threads(threads)
-    return log
 
 
 @pytest.mark.parametrize("threads, readings, warned_at", [
@@ -732,34 +725,33 @@ def speed_log(threads):
     (1, [(1000, 1.0), (500, 0.5)], None),  # one thread shares fairly: slower, but not the spinning trap
     (1, [(1000, 1.0), (200, 0.9)], 1),  # a fifth of its own best speed, whatever the reason
 ])
-def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(capsys, threads, readings, warned_at):
+def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings, warned_at):
     before = torch.get_num_threads()
     try:
-        log = speed_log(threads)
-        printed = []
-        for tokens_per_s, cpus_busy in readings:
-            log.check_speed(tokens_per_s, cpus_busy)
-            printed.append(capsys.readouterr().out)
+        from hardware import BusyCheck
+        torch.set_num_threads(threads)
+        busy = BusyCheck(tokens_per_step=2048)
+        printed = [busy.judge(tokens_per_s, cpus_busy) or "" for tokens_per_s, cpus_busy in readings]
     finally:
         torch.set_num_threads(before)
     warnings = [i for i, out in enumerate(printed) if out]
     assert warnings == ([] if warned_at is None else [warned_at]), printed
     if warned_at is not None:
         assert printed[warned_at].startswith("warning: ") and "--threads=1" in printed[warned_at]
-        assert printed[warned_at].count("\n") == 1
+        assert "\n" not in printed[warned_at]
 
 
 def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):
-    import model
-    monkeypatch.setattr(model, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
     threads = torch.get_num_threads()
-    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: (1e9, 0.4 * threads))  # other work took the CPUs
-    peak, source = model.peak_flops("cpu", torch.float32)
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (1e9, 0.4 * threads))  # other work took the CPUs
+    peak, source = hardware.peak_flops("cpu", torch.float32)
     assert peak == 1e9 and "not cached" in source and not (tmp_path / "peak.json").exists()
-    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: (5e9, 1.0 * threads))  # a quiet machine
-    assert model.peak_flops("cpu", torch.float32) == (5e9, model.peak_flops("cpu", torch.float32)[1])
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, 1.0 * threads))  # a quiet machine
+    assert hardware.peak_flops("cpu", torch.float32) == (5e9, hardware.peak_flops("cpu", torch.float32)[1])
     assert (tmp_path / "peak.json").exists()
-    monkeypatch.setattr(model, "measure_cpu_peak", lambda dtype: pytest.fail("the kept peak is measured again"))
-    assert model.peak_flops("cpu", torch.float32)[0] == 5e9
-    assert model.peak_flops("cpu", torch.float32, seen=8e9)[0] == 8e9  # a run beat it: the peak is raised
-    assert model.peak_flops("cpu", torch.float32)[0] == 8e9  # and kept
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: pytest.fail("the kept peak is measured again"))
+    assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
+    assert hardware.peak_flops("cpu", torch.float32, reached=8e9)[0] == 8e9  # a run beat it: the peak is raised
+    assert hardware.peak_flops("cpu", torch.float32)[0] == 8e9  # and kept

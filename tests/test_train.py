@@ -1,5 +1,5 @@
 """End-to-end tests of train.py and sample.py on a tiny model and a tiny corpus the test writes
-itself, exact resumption, and the typed configuration (configurator.py).
+itself, exact resumption, and the typed configuration (configurator.py, train.TrainConfig).
 
 The end-to-end test runs `python train.py` and `python sample.py` as plain subprocesses; the other
 runs go through conftest's `launch` (a process forked from a server that has already imported torch;
@@ -216,7 +216,7 @@ def test_a_new_run_starts_its_metrics_afresh_and_a_resumed_one_keeps_its_own(tmp
 
 @pytest.fixture(scope="module")
 def TrainConfig():
-    from configurator import TrainConfig  # imported here so a broken module fails these tests, not collection
+    from train import TrainConfig  # imported here so a broken module fails these tests, not collection
     return TrainConfig
 
 
@@ -371,7 +371,7 @@ def test_help_says_what_every_setting_means(launch, script):
 
 @pytest.mark.parametrize("name", ["cuda:1", "cuda:x", "cuda:-1"])
 def test_a_cuda_device_that_is_not_there(monkeypatch, name):
-    from configurator import pick_device
+    from hardware import pick_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with one GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert pick_device("cuda:0") == "cuda:0"

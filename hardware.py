@@ -1,0 +1,221 @@
+"""
+Where a run goes and how fast it can go: the device, the precision and the CPU threads that the
+settings device=, dtype= and threads= pick; the peak FLOP/s that MFU (model FLOPs utilisation) is
+measured against; and whether another process is busy on this run's CPUs.
+"""
+import functools
+import json
+import os
+import platform
+import time
+import typing
+
+import torch
+
+DType = typing.Literal["auto", "float32", "bfloat16", "float16"]  # the choices of every script's dtype setting
+
+
+def pick_device(name):
+    """The device the setting `device` names: auto picks cuda, then mps, then cpu."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    kind = name.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available here; use --device=cpu (or auto)")
+    index = name.partition(":")[2]
+    if kind == "cuda" and index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+        raise ValueError(f"device={name!r}: this machine has CUDA devices 0 to {torch.cuda.device_count() - 1}")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={name!r} but MPS is not available here; use --device=cpu (or auto)")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {name!r}; choose auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+def pick_dtype(name, device_type, training=True):
+    """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16); on
+    CPUs with bf16 instructions bf16 for training, fp32 for sampling one sequence, whose matrices
+    are too small for bf16 to pay."""
+    if name == "auto":
+        if device_type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if device_type == "cpu" and training and cpu_has_bf16() else torch.float32
+    dtype = getattr(torch, name)
+    if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
+    if dtype == torch.float16 and device_type == "cpu":
+        raise ValueError("float16 autocast is not supported for training on CPU; use --dtype=bfloat16 or float32")
+    return dtype
+
+
+def autocast(device_type, dtype):
+    """The autocast context of a run in dtype: mixed precision, or nothing at all in fp32."""
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def enable_tf32():
+    """On CUDA, fp32 matmuls and convolutions on TF32 tensor cores: the datasheet's fp32 peak assumes it."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def check_threads(n):
+    if n < 0:
+        raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+
+
+def pick_threads(n, processes_here=1):
+    """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
+    this process may run on (its affinity: a container or taskset may allow fewer than the machine
+    has), shared among the processes torchrun started on this machine. More threads than free
+    cores is the worst case: OpenMP threads spin waiting for each other, and a step can take many
+    times as long as with one thread."""
+    check_threads(n)
+    if n:
+        return n
+    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, usable // processes_here)
+
+
+@functools.cache
+def cpuinfo():
+    """The text of /proc/cpuinfo ("" where there is none, as on macOS)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_name():
+    for line in cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_has_bf16():
+    """bf16 autocast pays on CPUs with bf16 matrix instructions (bench/train.py measures it); elsewhere fp32."""
+    flags = cpuinfo()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+# ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training
+# step uses. Peaks come from datasheets (dense, no sparsity) on GPUs, and on a CPU from a short
+# matrix-multiply probe run once and cached, since no table can know a CPU's.
+
+# Dense peak FLOP/s by GPU name fragment, for bf16/fp16 tensor cores and for fp32 (as TF32, which
+# train.py enables on CUDA). Checked in order: put longer names first.
+GPU_PEAKS = [
+    ("H200", {"bf16": 989e12, "fp32": 494e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
+    ("H100", {"bf16": 989e12, "fp32": 494e12}),
+    ("B200", {"bf16": 2250e12, "fp32": 1100e12}),
+    ("A100", {"bf16": 312e12, "fp32": 156e12}),
+    ("A10G", {"bf16": 70e12, "fp32": 35e12}),
+    ("A10", {"bf16": 125e12, "fp32": 62.5e12}),
+    ("L40S", {"bf16": 362e12, "fp32": 183e12}),
+    ("L4", {"bf16": 121e12, "fp32": 60e12}),
+    ("RTX 4090", {"bf16": 165e12, "fp32": 82.6e12}),
+    ("RTX 3090", {"bf16": 71e12, "fp32": 35.6e12}),
+    ("V100", {"bf16": 125e12, "fp32": 15.7e12}),  # fp16 only; V100 has no bf16
+    ("T4", {"bf16": 65e12, "fp32": 8.1e12}),
+]
+BUSY_SHARE = 0.75  # a process with less of its threads' CPU time than this shares its cores with other work
+CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
+
+
+def measure_cpu_peak(dtype, size=1024, seconds=1.0):
+    """(FLOP/s of a square matmul on this CPU with torch's threads, the practical peak; the CPU time
+    the process got, in CPUs: below the thread count, other work was running and the figure is low)."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    for _ in range(3):  # warm-up: thread pool, caches, kernel choice
+        a @ b
+    best, wall, cpu = 0.0, time.perf_counter(), time.process_time()
+    for _ in range(5):  # the best of several short runs: a busy moment only lowers one of them
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 5:
+            a @ b
+            n += 1
+        best = max(best, 2 * size ** 3 * n / (time.perf_counter() - start))
+    return best, (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def peak_flops(device_type, dtype, reached=0.0):
+    """(peak FLOP/s, where it came from) for this device and dtype; (None, reason) if unknown.
+    reached: FLOP/s a run has reached; on a CPU it raises the cached peak if higher, so MFU <= 100%."""
+    key = "fp32" if dtype == torch.float32 else "bf16"
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+        for fragment, peaks in GPU_PEAKS:
+            if fragment in name:
+                return peaks[key], f"{name} datasheet, {key}"
+        return None, f"{name} is not in hardware.GPU_PEAKS"
+    if device_type != "cpu":
+        return None, f"no peak known for {device_type}"
+    threads = torch.get_num_threads()
+    machine = f"{cpu_name()}|{os.cpu_count()}|{threads}|{dtype}"
+    source = f"measured {key} matmul on this CPU ({threads} threads)"
+    try:
+        with open(CPU_PEAK_CACHE) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        cached = {}
+    if machine in cached and cached[machine] >= reached:
+        return cached[machine], source
+    if machine in cached:  # a run beat the probe: the probe was low
+        cached[machine] = reached
+    else:
+        peak, cpus_busy = measure_cpu_peak(dtype)
+        if cpus_busy < BUSY_SHARE * threads:  # other work ran: a low figure, not the machine's
+            return max(peak, reached), source + f", while other work ran ({cpus_busy:.1f} CPUs' time): not cached"
+        cached[machine] = max(peak, reached)
+    try:
+        os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
+        with open(CPU_PEAK_CACHE, "w") as f:
+            json.dump(cached, f)
+    except OSError:
+        pass  # an unwritable home, or a torn file, only costs a re-measure next time
+    return cached[machine], source
+
+
+class BusyCheck:
+    """Is another process busy on this run's CPUs? Judged over windows of `window` seconds of training
+    steps: the process gets well under the CPU time its threads could use, or runs at a third of its
+    own best speed. Waiting threads can then make each step many times slower than this machine can
+    (see pick_threads). Says so once."""
+
+    def __init__(self, tokens_per_step, window=5.0):
+        self.tokens_per_step, self.window = tokens_per_step, window
+        self.best_tokens_per_s, self.warned = 0.0, False
+        self.restart()
+
+    def restart(self):
+        """A new window (after an evaluation, say: it is not training)."""
+        self.start, self.cpu_start, self.steps = time.time(), time.process_time(), 0
+
+    def step(self):
+        """Count a training step; the warning to print, once, when a window shows the CPUs shared."""
+        self.steps += 1
+        seconds = time.time() - self.start
+        if seconds < self.window:
+            return None
+        tokens_per_s = self.steps * self.tokens_per_step / seconds
+        cpus_busy = (time.process_time() - self.cpu_start) / seconds
+        self.restart()
+        return self.judge(tokens_per_s, cpus_busy)
+
+    def judge(self, tokens_per_s, cpus_busy):
+        """The warning, the first time a window's speed and CPU time (in CPUs) show the CPUs shared."""
+        threads = torch.get_num_threads()
+        self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
+        starved = threads > 1 and cpus_busy < BUSY_SHARE * threads
+        if self.warned or not (starved or tokens_per_s < self.best_tokens_per_s / 3):
+            return None
+        self.warned = True
+        return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
+                f"{self.best_tokens_per_s:,.0f}; it used {cpus_busy:.1f} of its {threads} threads' CPU time): another "
+                f"process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work")

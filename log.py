@@ -1,0 +1,212 @@
+"""
+The run's log, written by rank 0: a line on the terminal per log_interval and per evaluation, the
+same values as records in out_dir/metrics.jsonl (and Weights & Biases when asked), and the loss
+curves redrawn into out_dir/loss.png at each evaluation. These are side outputs: a failure to write
+them warns once, and training goes on.
+"""
+import json
+import math
+import os
+import time
+from dataclasses import asdict
+
+import torch
+
+from checkpoint import ckpt_path
+from configurator import fail
+from files import atomic_write
+from hardware import BusyCheck, peak_flops
+
+
+class TrainingLog:
+    """What rank 0 reports: a line per log_interval and per evaluation on the terminal, the same as
+    records in out_dir (MetricsLog). Recent losses stay on the device, so reading them
+    costs one host sync per log line, not one per step."""
+
+    def __init__(self, cfg, setup, model):
+        self.cfg, self.master, self.losses, self.metrics = cfg, setup.master, [], None
+        self.ckpt_path = ckpt_path(cfg.out_dir)
+        self.fp16 = setup.dtype == torch.float16  # its GradScaler skips steps with a non-finite loss itself
+        self.tokens_per_iter = setup.accumulation_steps * cfg.batch_size * cfg.block_size
+        self.flops_per_iter = model.flops_per_token() * self.tokens_per_iter / setup.world_size
+        self.peak, source = peak_flops(setup.device_type, setup.dtype) if setup.master else (None, "")
+        self.device_type, self.dtype = setup.device_type, setup.dtype
+        self.busy = BusyCheck(self.tokens_per_iter) if setup.device_type == "cpu" else None
+        if setup.master:
+            print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {str(setup.dtype)[6:]} | "
+                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {setup.world_size} process(es) "
+                  f"{cfg.parallelism if setup.distributed else ''}| {self.tokens_per_iter:,} tokens/iter | "
+                  f"MFU against {source}")
+
+    def open(self, iter_num):
+        """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
+        self.last_time, self.last_iter = time.time(), iter_num
+        if self.busy:
+            self.busy.restart()
+        if self.master:
+            wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
+            resumed_at = iter_num if self.cfg.init_from == "resume" else None
+            self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
+
+    def add_loss(self, loss):
+        """A training step's loss (a tensor on the device, read at the next log line)."""
+        if not self.master:
+            return
+        self.losses.append(loss)
+        warning = self.busy.step() if self.busy else None
+        if warning:
+            print(warning)
+
+    def check_finite(self, iter_num):
+        """Stop on a non-finite loss, naming its iteration."""
+        if not self.losses or self.fp16:
+            return
+        values = torch.stack(self.losses).tolist()
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
+            fail(f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
+                 f"--learning_rate or use --dtype=float32 or bfloat16{where}", status=1)
+
+    def print_progress(self, iter_num, lr, seconds):
+        """The log line of the steps since the last one: mean loss, rate, speed and MFU."""
+        if not self.master:
+            return
+        self.check_finite(iter_num)
+        now = time.time()
+        seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
+        tokens_per_s = self.tokens_per_iter / seconds_per_iter
+        flops = self.flops_per_iter / seconds_per_iter
+        if self.peak and self.device_type == "cpu" and flops > self.peak:  # the probe was low (a busy moment): raise it
+            self.peak = peak_flops(self.device_type, self.dtype, reached=flops)[0]
+        mfu = flops / self.peak if self.peak else float("nan")
+        loss = torch.stack(self.losses).float().mean().item()
+        print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
+              f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
+        self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
+                            "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
+        self.losses.clear()
+        self.last_time, self.last_iter = now, iter_num
+
+    def evaluation(self, iter_num, losses, seconds=None):
+        if not self.master:
+            return
+        if self.busy:
+            self.busy.restart()
+        print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+        if self.metrics:  # not with eval_only, which writes nothing
+            self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                                "seconds": round(seconds, 3)})
+            self.metrics.draw()
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()
+
+
+class MetricsLog:
+    """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
+    Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
+    A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's
+    iteration (resumed_at). These are side outputs: a failure to write them warns once, and
+    training goes on."""
+
+    def __init__(self, out_dir, resumed_at=None, wandb=None):
+        self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
+        self.file, self.wandb, self.warned = None, None, False
+        kept = read_metrics(self.path, until=resumed_at) if resumed_at is not None else []
+        try:
+            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
+            self.file = open(self.path, "a")
+        except OSError as e:
+            self.warn(e)
+        if wandb is not None:
+            self.wandb = start_wandb(*wandb, warn=self.warn)
+
+    def warn(self, error):
+        if not self.warned:
+            print(f"warning: could not record the metrics (metrics.jsonl, loss.png or wandb) in "
+                  f"{os.path.dirname(self.path)}: {getattr(error, 'strerror', None) or error}; training and "
+                  "checkpoints go on")
+            self.warned = True
+
+    def write(self, record):
+        try:
+            if self.file:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            if self.wandb:
+                self.wandb.log(record, step=record["iter"])
+        except Exception as e:  # a full disk, or wandb's own troubles: never the end of training
+            self.warn(e)
+
+    def draw(self):
+        try:
+            plot_losses(self.path, self.png)
+        except Exception as e:
+            self.warn(e)
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def start_wandb(project, name, config, warn):
+    """The wandb module, logging this run (offline when there is no API key); None, with a warning,
+    if it cannot start (no network for an online run, say): training goes on without it."""
+    import wandb
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
+    mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
+    try:
+        wandb.init(project=project, name=name, config=config, mode=mode)
+    except Exception as e:  # wandb raises its own kinds of errors
+        warn(e)
+        return None
+    if mode == "offline":
+        print("wandb: no API key found, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
+    return wandb
+
+
+def read_metrics(path, until=None):
+    """The records of a metrics.jsonl, skipping a line that a crash left half-written; with until,
+    only those up to that iteration. No file: no records."""
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "iter" in record and (until is None or record["iter"] <= until):
+                    records.append(record)
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    return records
+
+
+def plot_losses(metrics_path, png_path):
+    """Train and val loss against iterations and against training time, from metrics.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")  # files only; works on machines without a screen
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x in zip(axes, ("iter", "seconds")):
+        ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
+        ax.plot([r[x] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
+        ax.plot([r[x] for r in evals], [r["val_loss"] for r in evals], "o-", label="val (eval)")
+        ax.set_xlabel("iteration" if x == "iter" else "training seconds")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cross-entropy loss")
+    axes[0].legend()
+    fig.tight_layout()
+    try:
+        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)

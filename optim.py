@@ -1,0 +1,101 @@
+"""
+How the weights learn: the optimizers (AdamW, and Muon for the blocks' matrices) and the
+learning-rate schedule that scales their rates, step by step.
+"""
+import math
+
+import torch
+
+
+def configure_optimizers(model, optimizer, learning_rate, weight_decay, betas, muon_lr, device_type,
+                         dtype=torch.float32):
+    """optimizer="adamw": AdamW for everything, with weight decay on matrices (Linear weights,
+    embeddings) only, not on biases and norms. "muon": Muon (below) for the 2-D weights inside
+    the blocks, AdamW for the rest. dtype is the training precision: Muon's Newton-Schulz
+    matmuls run in bf16 where the step does (or on a GPU), else in fp32. Each group keeps its
+    peak rate as "initial_lr", which set_lr scales."""
+    muon_params = [p for p in model.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
+    in_muon = {id(p) for p in muon_params}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in in_muon]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    fused = device_type in ("cuda", "cpu")  # one kernel for all parameters, not a loop of small ops
+    optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
+    if muon_params:
+        ns_dtype = torch.bfloat16 if device_type == "cuda" or dtype == torch.bfloat16 else torch.float32
+        optimizers.append(Muon(muon_params, lr=muon_lr, weight_decay=weight_decay, ns_dtype=ns_dtype))
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return optimizers
+
+
+def lr_multiplier(cfg, it, elapsed):
+    """The learning rate as a fraction of its peak: linear warm-up over warmup_iters, then a cosine
+    down to min_lr/learning_rate as training progresses, by the clock if max_seconds is set.
+    cfg: train.py's settings; it: the iteration; elapsed: seconds of training so far."""
+    if it < cfg.warmup_iters:
+        return (it + 1) / (cfg.warmup_iters + 1)
+    decay_iters = (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters
+    progress = elapsed / cfg.max_seconds if cfg.max_seconds > 0 else (it - cfg.warmup_iters) / max(1, decay_iters)
+    floor = cfg.min_lr / cfg.learning_rate
+    return floor + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (1.0 - floor)
+
+
+def set_lr(optimizers, multiplier):
+    """Every group's rate: its peak ("initial_lr") times the schedule's multiplier."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * multiplier
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (Keller Jordan, 2024): momentum SGD whose update, a matrix, is replaced by the nearest
+    orthogonal-ish matrix, found by a few Newton-Schulz iterations. The same update as
+    torch.optim.Muon (Nesterov momentum, decoupled weight decay, lr scaled by sqrt(max(1, rows/cols))),
+    written out because that one runs its iterations in bf16 always, one matrix at a time, which is
+    slow on a CPU without bf16 instructions (bench/README.md). Here the matrices of one shape go
+    through the iterations together, as one batched matmul, in ns_dtype."""
+
+    def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
+                                      ns_dtype=ns_dtype))
+
+    def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("ns_dtype", torch.bfloat16)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:  # torch.optim's contract: re-evaluate the model, return its loss
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            by_shape = {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    by_shape.setdefault(p.shape, []).append(p)
+            for shape, params in by_shape.items():
+                grads = [p.grad for p in params]
+                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+                torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+                updates = torch.stack(torch._foreach_lerp(grads, bufs, group["momentum"]))  # Nesterov: (n, rows, cols)
+                updates = orthogonalize(updates.to(group["ns_dtype"]), group["ns_steps"]).to(params[0].dtype)
+                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+                torch._foreach_add_(params, updates.unbind(0), alpha=-group["lr"] * max(1, shape[0] / shape[1]) ** 0.5)
+        return loss
+
+
+def orthogonalize(g, steps, eps=1e-7):
+    """Newton-Schulz iterations towards U V^T for each matrix U S V^T in g (n, rows, cols); the
+    quintic's coefficients push small singular values up fast, to ~[0.7, 1.2] rather than exactly 1."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tall = g.size(1) > g.size(2)
+    x = g.mT if tall else g  # (n, r, k) with r <= k: the Gram matrices are the small side
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.mT  # (n, r, r)
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
