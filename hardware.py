@@ -4,6 +4,7 @@ settings device=, dtype= and threads= pick; the peak FLOP/s that MFU (model FLOP
 measured against; and whether another process is busy on this run's CPUs.
 """
 import functools
+import glob
 import json
 import os
 import platform
@@ -123,25 +124,65 @@ GPU_PEAKS = [
     ("V100", {"bf16": 125e12, "fp32": 15.7e12}),  # fp16 only; V100 has no bf16
     ("T4", {"bf16": 65e12, "fp32": 8.1e12}),
 ]
-BUSY_SHARE = 0.75  # a process with less of its threads' CPU time than this shares its cores with other work
+BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
+BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
 CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
 
 
+def waiting_seconds():
+    """Seconds this process's threads have spent ready to run but waiting for a CPU, from Linux's
+    /proc/self/task/*/schedstat (its second field); None where the kernel does not say."""
+    total, found = 0, False
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[1])
+            found = True
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total / 1e9 if found else None
+
+
+class CpuMeter:
+    """The CPU time a stretch of work got and waited for, in CPUs (seconds per second of wall time)."""
+
+    def __init__(self):
+        self.wall, self.cpu, self.waited = time.perf_counter(), time.process_time(), waiting_seconds()
+
+    def read(self):
+        """(wall seconds, CPUs used, CPUs' worth of waiting for a CPU or None) since this meter started."""
+        wall = time.perf_counter() - self.wall
+        waited = waiting_seconds()
+        waiting = None if waited is None or self.waited is None else max(0.0, waited - self.waited) / wall
+        return wall, (time.process_time() - self.cpu) / wall, waiting
+
+
+def cpus_shared(threads, cpus_used, cpus_waiting):
+    """Did other work take this process's CPUs? Where the kernel says how long its threads waited for
+    a CPU, that decides: a math library may well keep fewer threads busy than torch has (oneDNN runs
+    some bf16 matmuls on one thread), and that is no sign of sharing. Elsewhere, a small share of its
+    threads' CPU time is."""
+    if cpus_waiting is not None:
+        return cpus_waiting > BUSY_WAIT
+    return cpus_used < BUSY_SHARE * threads
+
+
 def measure_cpu_peak(dtype, size=1024, seconds=1.0):
-    """(FLOP/s of a square matmul on this CPU with torch's threads, the practical peak; the CPU time
-    the process got, in CPUs: below the thread count, other work was running and the figure is low)."""
+    """(FLOP/s of a square matmul on this CPU with torch's threads, the practical peak; whether other
+    work shared the CPUs meanwhile, which makes the figure low)."""
     a = torch.randn(size, size, dtype=dtype)
     b = torch.randn(size, size, dtype=dtype)
     for _ in range(3):  # warm-up: thread pool, caches, kernel choice
         a @ b
-    best, wall, cpu = 0.0, time.perf_counter(), time.process_time()
+    best, meter = 0.0, CpuMeter()
     for _ in range(5):  # the best of several short runs: a busy moment only lowers one of them
         n, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds / 5:
             a @ b
             n += 1
         best = max(best, 2 * size ** 3 * n / (time.perf_counter() - start))
-    return best, (time.process_time() - cpu) / (time.perf_counter() - wall)
+    _, cpus_used, cpus_waiting = meter.read()
+    return best, cpus_shared(torch.get_num_threads(), cpus_used, cpus_waiting)
 
 
 def peak_flops(device_type, dtype, reached=0.0):
@@ -169,9 +210,9 @@ def peak_flops(device_type, dtype, reached=0.0):
     if machine in cached:  # a run beat the probe: the probe was low
         cached[machine] = reached
     else:
-        peak, cpus_busy = measure_cpu_peak(dtype)
-        if cpus_busy < BUSY_SHARE * threads:  # other work ran: a low figure, not the machine's
-            return max(peak, reached), source + f", while other work ran ({cpus_busy:.1f} CPUs' time): not cached"
+        peak, shared = measure_cpu_peak(dtype)
+        if shared:  # other work ran: a low figure, not the machine's
+            return max(peak, reached), source + ", while other work ran: not cached"
         cached[machine] = max(peak, reached)
     try:
         os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
@@ -195,27 +236,29 @@ class BusyCheck:
 
     def restart(self):
         """A new window (after an evaluation, say: it is not training)."""
-        self.start, self.cpu_start, self.steps = time.time(), time.process_time(), 0
+        self.meter, self.steps = CpuMeter(), 0
 
     def step(self):
         """Count a training step; the warning to print, once, when a window shows the CPUs shared."""
         self.steps += 1
-        seconds = time.time() - self.start
-        if seconds < self.window:
+        if time.perf_counter() - self.meter.wall < self.window:
             return None
+        seconds, cpus_used, cpus_waiting = self.meter.read()
         tokens_per_s = self.steps * self.tokens_per_step / seconds
-        cpus_busy = (time.process_time() - self.cpu_start) / seconds
         self.restart()
-        return self.judge(tokens_per_s, cpus_busy)
+        return self.judge(tokens_per_s, cpus_used, cpus_waiting)
 
-    def judge(self, tokens_per_s, cpus_busy):
-        """The warning, the first time a window's speed and CPU time (in CPUs) show the CPUs shared."""
+    def judge(self, tokens_per_s, cpus_used, cpus_waiting):
+        """The warning, the first time a window's speed and CPU time (CPUs used and waited for) show
+        the CPUs shared."""
         threads = torch.get_num_threads()
         self.best_tokens_per_s = max(self.best_tokens_per_s, tokens_per_s)
-        starved = threads > 1 and cpus_busy < BUSY_SHARE * threads
+        starved = threads > 1 and cpus_shared(threads, cpus_used, cpus_waiting)
         if self.warned or not (starved or tokens_per_s < self.best_tokens_per_s / 3):
             return None
         self.warned = True
+        waited = "" if cpus_waiting is None else f", and waited {cpus_waiting:.1f} CPUs' time for a CPU"
         return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
-                f"{self.best_tokens_per_s:,.0f}; it used {cpus_busy:.1f} of its {threads} threads' CPU time): another "
-                f"process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work")
+                f"{self.best_tokens_per_s:,.0f}; it used {cpus_used:.1f} of its {threads} threads' CPU time{waited}): "
+                "another process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the "
+                "other work")

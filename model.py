@@ -19,7 +19,9 @@ from data.tokenizer import GPT2_VOCAB_SIZE
 
 
 Positions = Literal["learned", "rope"]  # a learned table of positions, or rotary embeddings in attention
-Activation = Literal["gelu_tanh", "gelu"]  # GELU's tanh approximation (GPT-2's), or the exact GELU (erf)
+# the MLP's nonlinearity: GELU's tanh approximation (GPT-2's), the exact GELU (erf), or ReLU squared
+# (relu(x)^2, modded-nanogpt's and nanochat's: cheaper, and as good or better at small scale)
+Activation = Literal["gelu_tanh", "gelu", "relu2"]
 
 
 @dataclass
@@ -37,7 +39,7 @@ class GPTConfig:
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation before attention, MLP and head
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     zero_init: bool = False  # output projections start at zero: every block starts as the identity
-    activation: Activation = "gelu_tanh"  # the MLP's nonlinearity: gelu_tanh as GPT-2, or the exact gelu
+    activation: Activation = "gelu_tanh"  # the MLP's nonlinearity: gelu_tanh as GPT-2, the exact gelu, or relu2
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -72,13 +74,15 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = config.dropout
-        # GPT-2's weights need GELU's tanh approximation. The exact GELU is the same curve to within
-        # 5e-4 and trains a little faster on CPUs without a fast vector tanh (bench/README.md)
-        self.approximate = "tanh" if config.activation == "gelu_tanh" else "none"
+        self.dropout, self.activation = config.dropout, config.activation
 
     def forward(self, x):
-        return dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)), self.dropout, self.training)
+        h = self.c_fc(x)  # (B, T, 4 * C)
+        if self.activation == "relu2":
+            h = F.relu(h).square()
+        else:  # GPT-2's weights need the tanh form; the exact GELU is the same curve to within 5e-4
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return dropout(self.c_proj(h), self.dropout, self.training)
 
 
 class Block(nn.Module):

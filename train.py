@@ -52,7 +52,7 @@ class TrainConfig(GPTConfig):
     n_head: int = 4
     n_embd: int = 128
     pos_embedding: Positions = "rope"
-    activation: Activation = "gelu"  # the exact GELU, as nanoGPT's nn.GELU(): GPT-2's tanh form is slower on some CPUs
+    activation: Activation = "relu2"  # relu(x)^2: cheaper than GELU, and as good or better in 190 s (bench/README.md)
     # I/O
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
@@ -85,7 +85,7 @@ class TrainConfig(GPTConfig):
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
-    compile: bool = False  # torch.compile the model
+    compile: bool = True  # torch.compile the model, before training starts (cached on disk: later runs compile in seconds)
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337  # for the weights, the batches and dropout
 
@@ -136,12 +136,11 @@ def main(cfg):
         if checkpoint is not None:
             resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
             del checkpoint  # free its memory
-        wrapped_model = wrap_model(cfg, setup, model)
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
         else:
-            train(cfg, setup, data, state, wrapped_model, logger, stop)
+            train(cfg, setup, data, state, wrap_model(cfg, setup, model), logger, stop)
         return model
     finally:
         stop.release()
@@ -271,12 +270,18 @@ def new_train_state(cfg, setup, model, train_tokens):
 
 
 class Clock:
-    """Training time: wall-clock seconds across resumes, with evaluations left out."""
+    """Training time: wall-clock seconds across resumes, counted from start(), with evaluations left out."""
 
     def __init__(self, seconds_before=0.0):
-        self.seconds_before, self.started, self.paused_for, self.paused_at = seconds_before, time.time(), 0.0, None
+        self.seconds_before, self.started, self.paused_for, self.paused_at = seconds_before, None, 0.0, None
+
+    def start(self):
+        """Count from now on (what was counted before is kept)."""
+        self.seconds_before, self.started, self.paused_for = self.seconds(), time.time(), 0.0
 
     def seconds(self):
+        if self.started is None:
+            return self.seconds_before
         return self.seconds_before + (self.paused_at or time.time()) - self.started - self.paused_for
 
     @contextlib.contextmanager
@@ -314,10 +319,37 @@ def resume_state(state, checkpoint, path, setup):
 
 def wrap_model(cfg, setup, model):
     """The model as the training step calls it: compiled if asked, and in DDP under torchrun."""
-    wrapped = torch.compile(model) if cfg.compile else model
+    wrapped = compile_model(model, cfg, setup) if cfg.compile else model
     if setup.distributed and not setup.fsdp:
         wrapped = DistributedDataParallel(wrapped, device_ids=[setup.local_rank] if setup.device_type == "cuda" else None)
     return wrapped
+
+
+def compile_model(model, cfg, setup):
+    """torch.compile(model), compiled now, on a batch of zeros (forward and backward, no update and no
+    random number drawn), so that compiling is not training time; inductor keeps what it compiled on
+    disk, and the next run with this shape compiles in seconds. The model itself, with a note, where
+    it cannot be compiled (no C++ compiler, say)."""
+    if setup.master:
+        print("compiling the model (not training time; the first run on a machine takes longest)", flush=True)
+    started, compiled = time.time(), torch.compile(model)
+    x, y = (torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=setup.device) for _ in range(2))
+    try:
+        with torch.random.fork_rng(devices=[setup.device] if setup.device_type == "cuda" else []):
+            with setup.autocast():
+                loss = compiled(x, y)[1]
+            loss.backward()
+    except Exception as e:  # noqa: BLE001 - compilers fail in many ways; training goes on without one
+        if setup.master:
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            print(f"note: torch.compile failed ({type(e).__name__}: {why}); training uncompiled "
+                  "(--compile=false skips the attempt)")
+        return model
+    finally:
+        model.zero_grad(set_to_none=True)
+    if setup.master:
+        print(f"compiled in {time.time() - started:.1f} s")
+    return compiled
 
 
 @torch.no_grad()
@@ -349,6 +381,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
     logger.open(state.iter_num)
     stop.start()
+    state.clock.start()
     while True:
         last = state.iter_num >= cfg.max_iters or out_of_time
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):

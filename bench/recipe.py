@@ -6,6 +6,7 @@ checkpoint on the same fixed val (and train) batches and prints the mean and spr
 
     python bench/recipe.py                                           # 190 s per run, 3 seeds, 2 configs
     python bench/recipe.py --max_seconds=5 --seeds=1 --eval_batches=5 --out=/tmp/recipe.json   # smoke test
+    git worktree add /tmp/base HEAD~5 && python bench/recipe.py --configs=default --base_repo=/tmp/base   # vs a commit
 
 Budget: train.py --max_seconds (its schedule follows the clock; evaluation time is not counted) with
 --max_iters large, so every run stops on time, not on iterations. train.py's periodic evaluations are
@@ -39,6 +40,7 @@ from data.loader import Batches, open_split
 @dataclass
 class RecipeBench:
     configs: str = "configs/nanogpt_cpu_reference.toml,default"  # comma-separated TOMLs; "default": no file
+    base_repo: str = ""  # another checkout (a git worktree of an older commit): each config runs with its train.py too
     max_seconds: float = 190.0  # training-time budget of every run (train.py --max_seconds)
     seeds: str = "1337,1338,1339"  # comma-separated; one run per config per seed
     train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
@@ -64,11 +66,15 @@ class RecipeBench:
 
 
 def label(config):
-    return "default" if config == "default" else os.path.splitext(os.path.basename(config))[0]
+    """A run's name: its config's, "base-" first for a run of the base checkout's train.py."""
+    repo, config = config if isinstance(config, tuple) else (ROOT, config)
+    name = "default" if config == "default" else os.path.splitext(os.path.basename(config))[0]
+    return name if repo == ROOT else f"base-{name}"
 
 
 def run_train(cfg, config, seed, out_dir):
-    argv = [sys.executable, os.path.join(ROOT, "train.py")] + ([] if config == "default" else [config])
+    repo, config = config if isinstance(config, tuple) else (ROOT, config)
+    argv = [sys.executable, os.path.join(repo, "train.py")] + ([] if config == "default" else [config])
     argv += [f"--out_dir={out_dir}", f"--seed={seed}", f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000",
              "--eval_interval=1000000000", f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
     env = dict(os.environ)
@@ -81,10 +87,11 @@ def run_train(cfg, config, seed, out_dir):
         log.write(" ".join(shlex.quote(a) for a in argv) + "\n")
         log.flush()
         try:
-            rc = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+            rc = subprocess.run(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    rec = {"config": config, "label": label(config), "seed": seed, "out_dir": out_dir, "returncode": rc,
+    rec = {"config": config, "repo": "base" if repo != ROOT else "this", "label": label((repo, config)), "seed": seed,
+           "out_dir": out_dir, "returncode": rc,
            "wall_seconds": round(time.time() - start, 1)}
     if rc != 0:
         with open(os.path.join(out_dir, "train.log")) as f:
@@ -123,6 +130,10 @@ def check_configs(cfg):
                else os.path.join(ROOT, c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
+    if cfg.base_repo:
+        if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
+            fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")
+        configs = [(os.path.abspath(cfg.base_repo), c) for c in configs] + configs  # base first: label order
     return configs
 
 
@@ -152,6 +163,7 @@ def load_finished(runs, work):
             continue
         rec["iterations"] = ckpt["iter_num"]
         rec["trained_seconds"] = round(ckpt["trained_seconds"], 1)
+        rec["ms_per_iter"] = 1e3 * ckpt["trained_seconds"] / max(1, ckpt["iter_num"])  # by train.py's own clock
         rec["train_config"] = ckpt["config"]
         models.append((rec, ckpt))
     if not models:
@@ -162,7 +174,8 @@ def load_finished(runs, work):
 def evaluate_all(cfg, models, device):
     """Every checkpoint's val and train loss on the same fixed batches, into its record; the
     evaluation's settings for the JSON."""
-    data_dirs = {os.path.normpath(os.path.join(ROOT, ckpt["config"]["data_dir"])) for _, ckpt in models}
+    data_dirs = {os.path.normpath(os.path.join(ROOT, ckpt["config"]["data_dir"])) for _, ckpt in models}  # the base's
+    # relative data_dir names the same corpus, prepared in its checkout
     if len(data_dirs) > 1:
         fail(f"the runs trained on different data ({', '.join(sorted(data_dirs))}); their losses do not compare", status=1)
     data_dir = data_dirs.pop()
@@ -187,20 +200,24 @@ def evaluate_all(cfg, models, device):
 def summarise(configs, runs):
     """{config label: spread of val loss, train loss, gap and iterations over its seeds}, printed."""
     print()
-    print(md_table(["config", "seed", "iterations", "train s", "val loss", "train loss", "gap"],
+    print(md_table(["config", "seed", "iterations", "train s", "ms/iter", "val loss", "train loss", "gap"],
                    [[r["label"], r["seed"], r.get("iterations", "-"), fmt(r.get("trained_seconds")),
-                     fmt(r.get("val_loss"), ".4f"), fmt(r.get("train_loss"), ".4f"), fmt(r.get("gap"), ".4f")]
-                    if "val_loss" in r else [r["label"], r["seed"], "FAILED", "", "", "", ""] for r in runs]))
+                     fmt(r.get("ms_per_iter")), fmt(r.get("val_loss"), ".4f"), fmt(r.get("train_loss"), ".4f"),
+                     fmt(r.get("gap"), ".4f")]
+                    if "val_loss" in r else [r["label"], r["seed"], "FAILED", "", "", "", "", ""] for r in runs]))
     summaries = {}
     for c in configs:
-        mine = [r for r in runs if r["config"] == c and "val_loss" in r]
-        summaries[label(c)] = {k: spread([r[k] for r in mine]) for k in ("val_loss", "train_loss", "gap", "iterations")}
+        mine = [r for r in runs if r["label"] == label(c) and "val_loss" in r]
+        summaries[label(c)] = {k: spread([r[k] for r in mine])
+                               for k in ("val_loss", "train_loss", "gap", "iterations", "ms_per_iter")}
     print()
-    print(md_table(["config", "runs", "val mean", "val std", "val min-max", "train mean", "gap mean", "iterations mean"],
+    print(md_table(["config", "runs", "val mean", "val std", "val min-max", "train mean", "gap mean", "iterations mean",
+                    "ms/iter mean"],
                    [[name, s["val_loss"]["n"], fmt(s["val_loss"].get("mean"), ".4f"), fmt(s["val_loss"].get("std"), ".4f"),
                      f"{fmt(s['val_loss'].get('min'), '.4f')}-{fmt(s['val_loss'].get('max'), '.4f')}",
                      fmt(s["train_loss"].get("mean"), ".4f"), fmt(s["gap"].get("mean"), ".4f"),
-                     fmt(s["iterations"].get("mean"), ".0f")] for name, s in summaries.items()]))
+                     fmt(s["iterations"].get("mean"), ".0f"), fmt(s["ms_per_iter"].get("mean"))]
+                    for name, s in summaries.items()]))
     return summaries
 
 

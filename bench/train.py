@@ -27,7 +27,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import contextlib
+import io
 import itertools
+import shutil
+import tempfile
+import time
 import typing
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
@@ -68,7 +73,7 @@ class TrainBench:
     attentions: str = "manual,sdpa,flash"  # the attention axis' values
     dtypes: str = "float32,bfloat16"  # the dtype axis' values
     optimizers: str = "adamw,muon"  # the optimizer axis' values
-    activations: str = "gelu_tanh,gelu"  # the activation axis' values
+    activations: str = "gelu_tanh,gelu,relu2"  # the activation axis' values
     compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
     dtype: Optional[DType] = None  # base value; none: the config's
     attention: Optional[Backend] = None  # base value; none: the config's
@@ -81,10 +86,13 @@ class TrainBench:
     steps_per_sample: int = 1  # optimizer steps per timing sample
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
+    loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
     profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
+        if self.loop < 0:
+            raise ValueError(f"loop must be >= 0, got {self.loop}")
         for name in ("grad_accum", "repeats", "steps_per_sample"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -173,21 +181,39 @@ class Variant:
     """One model, its optimizers and train.py's training step, as train.py would set them up with
     this variant's settings on one process."""
 
-    def __init__(self, spec, tcfg, vocab, device, tokens, grad_accum, seed):
+    def __init__(self, spec, tcfg, vocab, device, tokens, grad_accum, seed, out_dir):
         device_type = device.split(":")[0]
         self.dtype = pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
         check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
-        self.cfg = replace(tcfg, vocab_size=vocab, seed=seed, **{axis: spec[axis] for axis in AXES})
+        # as a run of train.py with these settings, whose loop (time_loop) evaluates and saves only at its end
+        self.cfg = replace(tcfg, vocab_size=vocab, seed=seed, out_dir=out_dir, max_seconds=0, eval_iters=1,
+                           eval_interval=10**9, **{axis: spec[axis] for axis in AXES})
         self.setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False,
                                  accumulation_steps=grad_accum, device=device, dtype=self.dtype)
         torch.manual_seed(self.cfg.seed)  # the same initial weights for every variant
         self.raw = GPT(model_config(self.cfg, vocab))
         self.state = train.new_train_state(self.cfg, self.setup, self.raw, tokens)
-        self.model = train.wrap_model(self.cfg, self.setup, self.raw)
+        self.data = train.Data(tokens, tokens, {"tokenizer": "random", "vocab_size": vocab})
+        with contextlib.redirect_stdout(io.StringIO()):  # its "compiling" lines
+            self.model = train.wrap_model(self.cfg, self.setup, self.raw)
 
     def step(self):
         """train.py's train_step at the peak learning rate: returns the step's mean loss."""
         return train.train_step(self.state, self.model, self.cfg, self.setup, 1.0)
+
+    def time_loop(self, iterations):
+        """Seconds per iteration of train.py's own loop, train.train, over `iterations` more iterations:
+        schedule, step, loss bookkeeping, log lines, clock and signal checks, as its clock counts them
+        (the evaluation and the save at its end are left out, as train.py leaves them out)."""
+        self.cfg.max_iters = self.state.iter_num + iterations
+        stop, before = train.StopRequest(), self.state.clock.seconds()
+        with contextlib.redirect_stdout(io.StringIO()):  # its log lines
+            logger = train.TrainingLog(self.cfg, self.setup, self.raw)
+            try:
+                train.train(self.cfg, self.setup, self.data, self.state, self.model, logger, stop)
+            finally:
+                stop.release()
+        return (self.state.clock.seconds() - before) / iterations
 
 
 def set_up_device(device_type, specs):
@@ -212,17 +238,24 @@ def failure(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
-def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens):
-    """The Variant of spec, built, compiled (on its first step) and warmed up, its first numbers in
-    rec; None if it cannot run here or failed (rec says why), its tensors freed by then."""
+def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, out_dir):
+    """The Variant of spec, built, compiled (as train.py compiles, before its first step) and warmed
+    up, its first numbers in rec; None if it cannot run here or failed (rec says why), its tensors
+    freed by then."""
     device_type = device.split(":")[0]
+    started = time.perf_counter()
     try:
-        v = Variant(spec, tcfg, vocab, device, tokens, cfg.grad_accum, cfg.seed)
+        v = Variant(spec, tcfg, vocab, device, tokens, cfg.grad_accum, cfg.seed, out_dir)
     except ValueError as e:
         rec.update(status="unsupported", message=str(e))
         return None
+    if spec["compile"]:
+        rec["compile_seconds"] = time.perf_counter() - started
+        if v.model is v.raw:
+            rec.update(status="failed", message="torch.compile failed here; train.py would train uncompiled")
+            return None
     try:
-        rec["first_step_seconds"] = timed(v.step, device)  # compile happens here
+        rec["first_step_seconds"] = timed(v.step, device)
         for _ in range(cfg.warmup):
             v.step()
         rec["loss_after_warmup"] = v.step().item()
@@ -236,13 +269,12 @@ def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens):
     except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
         rec.update(status="failed", message=failure(e))
         return None
-    if spec["compile"]:
-        rec["compile_seconds"] = rec["first_step_seconds"]
     rec["num_params"] = v.raw.num_params()
     rec["flops_per_token"] = v.raw.flops_per_token()
     rec["peak_flops"], rec["peak_source"] = peak_flops(device_type, v.dtype)
-    print(f"ready: {rec['name']} (first step {rec['first_step_seconds']:.2f} s"
-          f"{', compile included' if spec['compile'] else ''}; loss {rec['loss_after_warmup']:.3f})", flush=True)
+    compiled = f"compiled in {rec['compile_seconds']:.1f} s, " if spec["compile"] else ""
+    print(f"ready: {rec['name']} ({compiled}first step {rec['first_step_seconds']:.2f} s; "
+          f"loss {rec['loss_after_warmup']:.3f})", flush=True)
     return v
 
 
@@ -250,13 +282,16 @@ def time_variants(cfg, variants, device, tokens_per_step):
     """`repeats` rounds, one timing sample of every variant each; then each record's step time,
     tokens/s and MFU."""
     samples = {id(rec): [] for _, rec in variants}
+    loops = {id(rec): [] for _, rec in variants}
+    steps = cfg.loop or cfg.steps_per_sample  # the loop and the step alone are timed over as many iterations
     for _ in range(cfg.repeats):
         for v, rec in variants:
             if rec["status"] != "ok":
                 continue
             try:
-                samples[id(rec)].append(timed(lambda: [v.step() for _ in range(cfg.steps_per_sample)],
-                                              device) / cfg.steps_per_sample)
+                samples[id(rec)].append(timed(lambda: [v.step() for _ in range(steps)], device) / steps)
+                if cfg.loop:
+                    loops[id(rec)].append(v.time_loop(cfg.loop))
             except Exception as e:  # noqa: BLE001 - e.g. out of memory with the other variants resident
                 rec.update(status="failed", message=failure(e))
     for v, rec in variants:
@@ -264,6 +299,9 @@ def time_variants(cfg, variants, device, tokens_per_step):
             continue
         rec["step_time"] = summary(samples[id(rec)])
         rec["tokens_per_s"] = tokens_per_step / rec["step_time"]["median"]
+        if cfg.loop:  # what train.py's loop costs beyond its step
+            rec["loop_time"] = summary(loops[id(rec)])
+            rec["loop_overhead"] = rec["loop_time"]["median"] / rec["step_time"]["median"] - 1
         flops = rec["flops_per_token"] * rec["tokens_per_s"]
         if rec["peak_flops"] and flops > rec["peak_flops"]:  # the probe was low: it is raised, MFU stays <= 100%
             rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, reached=flops)[0]
@@ -295,20 +333,25 @@ def profile_variants(cfg, variants, device):
 def print_table(cfg, rows):
     base = next((rec for rec in rows if rec.get("tokens_per_s")), None)
     headers = ["variant", "ms/step", "min-max ms", "tokens/s", "MFU", "vs first", "compile s", "peak MiB"]
+    headers += ["train.py ms/iter", "loop overhead"] if cfg.loop else []
     table = []
     for rec in rows:
         if not rec.get("tokens_per_s"):
-            table.append([rec["name"], rec["status"], "", "", "", "", "", ""])
+            table.append([rec["name"], rec["status"]] + [""] * (len(headers) - 2))
             continue
         t = rec["step_time"]
         table.append([rec["name"], fmt(t["median"] * 1e3, ".1f"), f"{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}",
                       f"{rec['tokens_per_s']:,.0f}", fmt(rec["mfu"] and rec["mfu"] * 100, ".1f") + ("%" if rec["mfu"] else ""),
                       f"{rec['tokens_per_s'] / base['tokens_per_s']:.2f}x", fmt(rec.get("compile_seconds"), ".1f"),
                       fmt(rec.get("peak_step_bytes") and rec["peak_step_bytes"] / 2**20, ".0f")])
+        if cfg.loop:
+            table[-1] += [f"{rec['loop_time']['median'] * 1e3:.1f}", f"{rec['loop_overhead']:+.1%}"]
     print()
     print(md_table(headers, table))
-    print(f"(median of {cfg.repeats} interleaved samples of {cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
-          f"steps; 'vs first' = tokens/s over the first variant's; MFU against "
+    print(f"(median of {cfg.repeats} interleaved samples of {cfg.loop or cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
+          f"steps; 'vs first' = tokens/s over the first variant's; "
+          + (f"train.py ms/iter: its loop over {cfg.loop} iterations per round, as its clock counts them; "
+             if cfg.loop else "") + "MFU against "
           f"{'; '.join(sorted({r['peak_source'] for r in rows if r.get('peak_source')}))})")
     for rec in rows:
         if rec.get("message"):
@@ -333,15 +376,18 @@ def main(cfg):
     tokens = random_tokens(cfg, tcfg, vocab)
 
     variants, rows = [], []
-    for spec in specs:
+    out_dir = tempfile.mkdtemp(prefix="bench-train-")  # where train.py's loop (--loop) saves its checkpoints
+    for i, spec in enumerate(specs):
         rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
         rows.append(rec)
-        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens)
+        os.makedirs(os.path.join(out_dir, str(i)))
+        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, os.path.join(out_dir, str(i)))
         if v is not None:
             variants.append((v, rec))
         elif device_type == "cuda":  # what a failed variant held is free now
             torch.cuda.empty_cache()
     time_variants(cfg, variants, device, tokens_per_step)
+    shutil.rmtree(out_dir, ignore_errors=True)
     print_table(cfg, rows)
     if cfg.profile:
         profile_variants(cfg, variants, device)

@@ -35,6 +35,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def no_compile(request, monkeypatch):
+    """As helpers.ENV does for the scripts: torch.compile off (PyTorch's own switch), except in tests
+    marked `compiles`, which check the compiled path itself."""
+    if "compiles" not in request.keywords:
+        monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    else:
+        monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+
+
 # ---- running the scripts as processes, cheaply ---------------------------------------------------
 # One process per run without paying, each time, the 1-2 s of CPU that importing torch & co. takes.
 

@@ -9,7 +9,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one thread: a tiny model gains nothing from more, and on a busy 2-core machine OpenMP's spinning
 # threads make each step many times slower
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
+# and no torch.compile (PyTorch's own switch): compiling each tiny model would cost the suite minutes; the
+# compiled path has tests of its own (test_compile.py)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled",
+       "TORCHDYNAMO_DISABLE": "1"}
 # torchrun's workers import the repository's modules: the repository first, then the caller's own path
 TORCHRUN_ENV = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"

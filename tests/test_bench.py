@@ -2,10 +2,12 @@
 from. Nothing here is timed: these only keep the scripts working as the code under them changes."""
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
-from helpers import check_ok
+from helpers import ROOT, check_ok
 
 SCRIPTS = ("attention", "train", "sample", "recipe")
 
@@ -45,7 +47,7 @@ def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
     ("attention", {"manual", "sdpa", "flash"}),
     ("optimizer", {"adamw", "muon"}),
     ("execution", {"nanogpt", "default"}),  # each name goes on with what it runs, e.g. "nanogpt: eager float32 sdpa"
-    ("activation", {"gelu_tanh", "gelu"}),
+    ("activation", {"gelu_tanh", "gelu", "relu2"}),
 ])
 def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
     result = run_bench(launch, "bench/train.py", tmp_path / "t.json", "--n_layer=1", "--n_head=2", "--n_embd=32",
@@ -84,6 +86,26 @@ def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_d
     assert set(result["summary"]) == {"nanogpt_cpu_reference", "default"}
     for label, summary in result["summary"].items():
         assert summary["val_loss"]["n"] == 1 and 0 < summary["val_loss"]["mean"] < 10, label
+
+
+def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one(launch, tmp_path, data_dir):
+    base = tmp_path / "base"  # another checkout's code: here a copy whose train.py says who it is
+    base.mkdir()
+    for module in Path(ROOT).glob("*.py"):
+        shutil.copy(module, base)
+    shutil.copytree(Path(ROOT) / "data", base / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
+    (base / "train.py").write_text((base / "train.py").read_text().replace(
+        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    print("the base checkout")\n'))
+    tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
+                       "--max_seconds=1", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2",
+                       "--train_eval_iters=1", f"--train_args={tiny}", f"--work_dir={tmp_path / 'runs'}")
+    assert [(run["label"], run["returncode"]) for run in result["runs"]] == [("base-default", 0), ("default", 0)]
+    logs = {label: (tmp_path / "runs" / f"{label}-seed1" / "train.log").read_text() for label in ("base-default", "default")}
+    assert "the base checkout" in logs["base-default"] and "the base checkout" not in logs["default"]
+    for label, summary in result["summary"].items():
+        assert summary["ms_per_iter"]["mean"] > 0 and summary["val_loss"]["n"] == 1, label
+    assert result["paired"]["a"] == "base-default" and result["paired"]["n"] == 1
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

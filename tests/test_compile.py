@@ -8,6 +8,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 
 @pytest.mark.slow
+@pytest.mark.compiles
 @pytest.mark.parametrize("device,attention,dtype,tolerance", [
     ("cpu", "manual", torch.float32, 1e-4),
     ("cpu", "sdpa", torch.float32, 1e-4),

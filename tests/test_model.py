@@ -547,17 +547,19 @@ def test_flash_with_dropout_fails_clearly_when_training_on_cpu():
 
 # --------------------------------------------------------------------------- options beyond GPT-2
 
-@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
-def test_activation_is_gpt2s_tanh_gelu_or_the_exact_one(activation):
-    """Each setting computes its own formula, written out here; the two differ by up to 5e-4, far
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu2"])
+def test_activation_is_gpt2s_tanh_gelu_the_exact_one_or_relu_squared(activation):
+    """Each setting computes its own formula, written out here; the two GELUs differ by up to 5e-4, far
     above the tolerance, so an ignored or swapped setting shows."""
     mlp = MLP(GPTConfig(n_embd=16, n_head=2, activation=activation)).double()
     x = torch.randn(4, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
     h = mlp.c_fc(x)
     if activation == "gelu_tanh":  # GPT-2's: 0.5 h (1 + tanh(sqrt(2/pi) (h + 0.044715 h^3)))
         h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
-    else:  # h * Phi(h), Phi the standard normal's distribution function
+    elif activation == "gelu":  # h * Phi(h), Phi the standard normal's distribution function
         h = 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
+    else:  # max(h, 0)^2
+        h = torch.where(h > 0, h * h, torch.zeros_like(h))
     with torch.no_grad():
         torch.testing.assert_close(mlp(x), mlp.c_proj(h), atol=1e-12, rtol=0)
 

@@ -38,10 +38,14 @@ def test_time_driven_schedule_ends_fully_decayed():
 
 
 def test_clock_leaves_out_paused_time():
-    """The clock that drives the schedule stops while evaluating and saving, and carries on from a
-    resumed run's seconds."""
+    """The clock that drives the schedule counts only from start() (set-up and compiling are not
+    training), stops while evaluating and saving, and carries on from a resumed run's seconds."""
     clock = Clock(seconds_before=10.0)
-    assert 10.0 <= clock.seconds() < 10.1
+    time.sleep(0.2)
+    assert clock.seconds() == 10.0, "counted before start()"
+    clock.start()
+    time.sleep(0.2)
+    assert 10.2 <= clock.seconds() < 10.3
     with clock.paused():
         during = clock.seconds()
         time.sleep(0.3)

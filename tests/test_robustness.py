@@ -719,11 +719,15 @@ def test_train_sets_the_threads_it_is_told(tmp_path, launch):
 
 
 @pytest.mark.parametrize("threads, readings, warned_at", [
-    (2, [(1000, 1.9), (1000, 2.0), (980, 1.8)], None),  # its threads busy all the time, a steady speed: quiet
-    (2, [(1000, 1.9), (100, 1.0), (90, 0.9)], 1),  # a neighbour arrived: half the CPU time, a tenth of the speed
-    (2, [(60, 1.1), (55, 1.0)], 0),  # busy from the start: only the CPU time tells
-    (1, [(1000, 1.0), (500, 0.5)], None),  # one thread shares fairly: slower, but not the spinning trap
-    (1, [(1000, 1.0), (200, 0.9)], 1),  # a fifth of its own best speed, whatever the reason
+    # (tokens/s, CPUs used, CPUs' worth of waiting for a CPU) per window; None: the kernel does not say
+    (2, [(1000, 1.9, 0.0), (1000, 2.0, 0.0), (980, 1.8, 0.01)], None),  # its threads busy, none kept waiting: quiet
+    (2, [(1000, 1.0, 0.0), (990, 1.0, 0.0)], None),  # a math library on one thread (oneDNN's AMX bf16), alone: quiet
+    (2, [(1000, 1.9, 0.0), (100, 1.0, 0.9), (90, 0.9, 0.9)], 1),  # a neighbour arrived: its threads wait for a CPU
+    (2, [(60, 1.1, 0.8), (55, 1.0, 0.8)], 0),  # busy from the start: only the waiting tells
+    (2, [(1000, 1.9, None), (100, 1.0, None)], 1),  # no schedstat: the share of CPU time decides
+    (2, [(60, 1.1, None)], 0),
+    (1, [(1000, 1.0, 0.0), (500, 0.5, 0.5)], None),  # one thread shares fairly: slower, but not the spinning trap
+    (1, [(1000, 1.0, 0.0), (200, 0.9, 0.1)], 1),  # a fifth of its own best speed, whatever the reason
 ])
 def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings, warned_at):
     before = torch.get_num_threads()
@@ -731,7 +735,7 @@ def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings,
         from hardware import BusyCheck
         torch.set_num_threads(threads)
         busy = BusyCheck(tokens_per_step=2048)
-        printed = [busy.judge(tokens_per_s, cpus_busy) or "" for tokens_per_s, cpus_busy in readings]
+        printed = [busy.judge(*reading) or "" for reading in readings]
     finally:
         torch.set_num_threads(before)
     warnings = [i for i, out in enumerate(printed) if out]
@@ -741,14 +745,43 @@ def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings,
         assert "\n" not in printed[warned_at]
 
 
+WAITS_FOR_A_CPU = r"""
+import os, subprocess, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this process and a spinning child share one CPU
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+time.sleep(0.2)
+from hardware import CpuMeter
+meter = CpuMeter()
+end = time.perf_counter() + 1.0
+while time.perf_counter() < end:
+    pass
+wall, used, waiting = meter.read()
+child.kill()
+alone = CpuMeter()
+end = time.perf_counter() + 0.5
+while time.perf_counter() < end:
+    pass
+print(waiting, alone.read()[2])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
+def test_the_time_a_process_waits_for_a_cpu_is_measured():
+    """Sharing one CPU with a spinning process, a spinning process waits about half the time; alone, not at all."""
+    proc = subprocess.run([sys.executable, "-c", WAITS_FOR_A_CPU], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    shared, alone = map(float, proc.stdout.split())
+    assert 0.3 < shared < 0.7 and alone < 0.05, (shared, alone)
+
+
 def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
-    threads = torch.get_num_threads()
-    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (1e9, 0.4 * threads))  # other work took the CPUs
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (1e9, True))  # other work took the CPUs
     peak, source = hardware.peak_flops("cpu", torch.float32)
     assert peak == 1e9 and "not cached" in source and not (tmp_path / "peak.json").exists()
-    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, 1.0 * threads))  # a quiet machine
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))  # a quiet machine
     assert hardware.peak_flops("cpu", torch.float32) == (5e9, hardware.peak_flops("cpu", torch.float32)[1])
     assert (tmp_path / "peak.json").exists()
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: pytest.fail("the kept peak is measured again"))
