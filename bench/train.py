@@ -194,8 +194,9 @@ class Variant:
         self.raw = GPT(model_config(self.cfg, vocab))
         self.state = train.new_train_state(self.cfg, self.setup, self.raw, tokens)
         self.data = train.Data(tokens, tokens, {"tokenizer": "random", "vocab_size": vocab})
-        with contextlib.redirect_stdout(io.StringIO()):  # its "compiling" lines
+        with contextlib.redirect_stdout(io.StringIO()) as said:  # its "compiling" lines
             self.model = train.wrap_model(self.cfg, self.setup, self.raw)
+        self.compile_failed = "torch.compile failed" in said.getvalue()
 
     def step(self):
         """train.py's train_step at the peak learning rate: returns the step's mean loss."""
@@ -251,7 +252,7 @@ def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, out_dir):
         return None
     if spec["compile"]:
         rec["compile_seconds"] = time.perf_counter() - started
-        if v.model is v.raw:
+        if v.compile_failed:
             rec.update(status="failed", message="torch.compile failed here; train.py would train uncompiled")
             return None
     try:

@@ -31,6 +31,8 @@ from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
 from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV
 from model import GPT, GPTConfig
 from data.prepare import prepare_char
+from train import TrainConfig
+
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
 TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
@@ -603,7 +605,7 @@ CASES = [
     # written before the code had `activation`: that model was GPT-2's tanh GELU, whatever train.py's default is now
     Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: [ck["config"].pop("activation"), ck["model_config"].pop("activation")])),
-         lambda c: ["activation=gelu_tanh (now gelu)"]),
+         lambda c: [f"activation=gelu_tanh (now {TrainConfig().activation})"]),
     Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
     Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),
