@@ -215,9 +215,9 @@ def test_a_new_run_starts_its_metrics_afresh_and_a_resumed_one_keeps_its_own(tmp
 
 def tiny_config(data_dir, out_dir, **overrides):
     from train import TrainConfig
-    return TrainConfig(device="cpu", dtype="float32", max_seconds=0, max_iters=3, n_layer=1, n_head=2, n_embd=16,
-                       block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir), out_dir=str(out_dir),
-                       **overrides)
+    return TrainConfig(**{**dict(device="cpu", dtype="float32", max_seconds=0, max_iters=3, n_layer=1, n_head=2,
+                                 n_embd=16, block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir),
+                                 out_dir=str(out_dir)), **overrides})
 
 
 @pytest.mark.compiles
@@ -236,6 +236,21 @@ def test_the_default_compiles_before_the_clock_starts(tmp_path, data_dir, monkey
     train.main(tiny_config(data_dir, tmp_path / "out"))
     assert len(calls) == 1 and "compiled in 2." in capsys.readouterr().out
     assert load(tmp_path / "out" / "ckpt.pt")["trained_seconds"] < 1.5
+
+
+def test_the_log_line_after_an_evaluation_does_not_count_it(tmp_path, data_dir, monkeypatch):
+    """ms/iter, tokens/s and MFU are training speed: a 1 s evaluation between two log lines stays out."""
+    import train
+    real_evaluate = train.evaluate
+
+    def slow_evaluate(*args):
+        time.sleep(1.0)
+        return real_evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", slow_evaluate)
+    train.main(tiny_config(data_dir, tmp_path / "out", compile=False, max_iters=6, eval_interval=2, log_interval=2))
+    logged = {r["iter"]: r["ms_per_iter"] for r in metrics(tmp_path / "out") if "ms_per_iter" in r}
+    assert sorted(logged) == [2, 4, 6] and max(logged.values()) < 250, logged
 
 
 @pytest.mark.compiles
