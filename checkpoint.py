@@ -94,10 +94,11 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     return model
 
 
-def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
-    """ValueError unless the checkpoint holds the model that cfg (a train.py config, with vocab_size
-    resolved from the data) asks for. It is compared with the first run's settings, not the model's:
-    with init_from=gpt2 the weights decided the shape, and the same command line must resume."""
+def check_resumable(checkpoint, path, cfg, meta, quiet=False):
+    """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
+    trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
+    the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
+    the same command line must resume."""
     missing = [key for key in RESUME_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_KEYS
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
@@ -110,6 +111,11 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
     # the only one that code knew (TrainConfig's default for it may differ)
     before = {k: saved.get(k, getattr(GPTConfig, k)) for k in WEIGHT_SETTINGS}
     differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS if before[k] != getattr(cfg, k)]
+    if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
+        raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
+                         f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); resume on the data it was "
+                         f"trained on (--data_dir={saved.get('data_dir', '...')})")
+    vocab_size = cfg.vocab_size or meta["vocab_size"]
     if checkpoint["model_config"]["vocab_size"] != vocab_size:
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:
@@ -118,6 +124,17 @@ def check_resumable(checkpoint, path, cfg, vocab_size, quiet=False):
     if changed and not quiet:
         print(f"note: {', '.join(changed)} since the checkpoint; the learning-rate schedule follows the new "
               "values, so this run will not match an uninterrupted one")
+
+
+def tokenizer_difference(trained, data):
+    """How two tokenizers' meta.json records differ, in words: which characters, or which tokenizers."""
+    if all(isinstance(m, dict) and m.get("tokenizer") == "char" for m in (trained, data)):
+        only_trained = "".join(sorted(set(trained.get("chars", "")) - set(data.get("chars", ""))))
+        only_data = "".join(sorted(set(data.get("chars", "")) - set(trained.get("chars", ""))))
+        return (f"character vocabularies: only the checkpoint's has {only_trained!r}, "
+                f"only the data's has {only_data!r}")
+    trained_name, data_name = (m.get("tokenizer", "?") if isinstance(m, dict) else "?" for m in (trained, data))
+    return f"the checkpoint's tokenizer is {trained_name}, the data's {data_name}"
 
 
 def check_out_dir(out_dir, resuming, overwrite):

@@ -231,7 +231,7 @@ def load_resume_point(cfg, meta, setup):
     if cfg.init_from != "resume":
         return None
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))
-    check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, cfg.vocab_size or meta["vocab_size"], quiet=not setup.master)
+    check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, meta, quiet=not setup.master)
     return checkpoint
 
 

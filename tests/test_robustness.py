@@ -599,6 +599,12 @@ CASES = [
     Case("learning-rate-zero", lambda c: train_args(c, "--learning_rate=0"), lambda c: ["learning_rate", "positive"]),
     Case("resume-a-foreign-checkpoint", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: [ck.pop(k) for k in ("rng", "scaler", "trained_seconds")])), lambda c: ["lacks", "rng", "scaler"]),
+    # as many distinct characters, other ones: the size of the vocabulary matches, the vocabulary does not
+    Case("resume-on-other-data-of-the-same-vocabulary-size", lambda c: train_args(
+        c, "--init_from=resume", data=(prepare_char(TEXT.replace("a", "Z"), str(c.dir / "other")), c.dir / "other")[1],
+        out=c.ckpt_with(lambda ck: None)),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), str(c.dir / "other"), "only the checkpoint's has 'a'",
+                    "only the data's has 'Z'", f"--data_dir={c.data}"]),
     Case("resume-with-another-optimizer", lambda c: train_args(c, "--init_from=resume", "--optimizer=adamw",
                                                                out=c.ckpt_with(lambda ck: None)),
          lambda c: ["optimizer=muon", "now adamw"]),
