@@ -34,7 +34,7 @@ from checkpoint import (check_out_dir, check_resumable, ckpt_path, load_checkpoi
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
-from distributed import agree_on_stop, fail_together, leave_process_group
+from distributed import agree_on_stop, fail_together, leave_process_group, relaunch_command
 from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions
@@ -407,7 +407,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
             save(state, cfg, data.meta, setup, f"stopped by {signal.Signals(signum).name} after iteration "
                                              f"{state.iter_num}", final=True)
             if setup.master:
-                print(f"resume with: python train.py {shlex.join([*sys.argv[1:], '--init_from=resume'])}")
+                print(f"resume with: {relaunch_command([*sys.argv[1:], '--init_from=resume'])}")
             sys.exit(128 + signum)
     if setup.master:
         print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; best val loss "

@@ -295,6 +295,7 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     ckpt_path = out / "ckpt.pt"
     assert str(ckpt_path) in text, "it should say where the checkpoint is"
     assert "--init_from=resume" in text, "it should say how to resume"
+    assert re.search(r"^resume with: python train\.py .*--init_from=resume$", stdout, re.M), stdout[-2000:]
     assert sorted(os.listdir(out)) == ["ckpt.pt", "metrics.jsonl"]
     stopped_at = load_checkpoint(str(ckpt_path))["iter_num"]
     assert stopped_at > 0
@@ -351,6 +352,9 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir
         ranks[0]["stdout"][-3000:]
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 6
     assert "--init_from=resume" in ranks[0]["stdout"] and ranks[1]["stdout"] == ""  # only rank 0 speaks
+    resume = next(line for line in ranks[0]["stdout"].splitlines() if line.startswith("resume with: "))
+    assert resume.startswith(f"resume with: torchrun --standalone --nproc_per_node=2 --log-dir={logs} --redirects=3 "
+                             f"{os.path.relpath(worker, ROOT)} "), resume  # torchrun's own options, then the script
 
 
 def test_under_torchrun_a_check_only_rank_0_makes_stops_every_rank_with_one_line(tmp_path, data_dir):
