@@ -33,19 +33,23 @@ def pick_device(name):
     return name
 
 
-def pick_dtype(name, device_type, training=True):
-    """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16); on
-    CPUs with bf16 instructions bf16 for training, fp32 for sampling one sequence, whose matrices
-    are too small for bf16 to pay."""
+def pick_dtype(name, device_type, training=True, n_params=0):
+    """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16). On
+    CPUs with bf16 instructions: bf16 for training; for sampling (training=False) a model of n_params
+    weights, bf16 once its fp32 weights outgrow the last-level cache, since every token then streams
+    all of them from memory and bf16 halves the bytes, while a model that fits in the cache is
+    faster with fp32's kernels (bench/sample.py measures both). fp32 on other CPUs."""
     if name == "auto":
         if device_type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if device_type == "cpu" and training and cpu_has_bf16() else torch.float32
+        if device_type != "cpu" or not cpu_has_bf16():
+            return torch.float32
+        return torch.bfloat16 if training or 4 * n_params > last_level_cache_bytes() else torch.float32
     dtype = getattr(torch, name)
     if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
     if dtype == torch.float16 and device_type == "cpu":
-        raise ValueError("float16 autocast is not supported for training on CPU; use --dtype=bfloat16 or float32")
+        raise ValueError("float16 is not supported on CPU here; use --dtype=bfloat16 or float32 (or auto)")
     return dtype
 
 
@@ -101,6 +105,22 @@ def cpu_has_bf16():
     """bf16 autocast pays on CPUs with bf16 matrix instructions (bench/train.py measures it); elsewhere fp32."""
     flags = cpuinfo()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@functools.cache
+def last_level_cache_bytes():
+    """The size of the CPU's largest cache (Linux's sysfs), or 32 MiB where it cannot be read."""
+    sizes = {}
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "level")) as f, open(os.path.join(index, "size")) as g:
+                level, size = int(f.read()), g.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if size[:-1].isdigit() and size[-1] in units:
+            sizes[level] = int(size[:-1]) * units[size[-1]]
+    return sizes[max(sizes)] if sizes else 32 * 2**20
 
 
 # ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training

@@ -19,7 +19,7 @@ from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
-from hardware import DType, autocast, check_threads, pick_device, pick_dtype, pick_threads
+from hardware import DType, check_threads, pick_device, pick_dtype, pick_threads
 from model import GPT, check_sampling
 
 
@@ -35,7 +35,7 @@ class SampleConfig:
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
     seed: int = 1337  # the same seed gives the same samples
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype: DType = "auto"  # autocast precision; auto: bf16/fp16 on GPUs, fp32 on CPUs
+    dtype: DType = "auto"  # the weights' precision; auto: bf16/fp16 on GPUs, bf16 on CPUs for models beyond the cache
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
@@ -65,11 +65,13 @@ def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
     try:
         device = pick_device(cfg.device)
-        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False)
         torch.set_num_threads(pick_threads(cfg.threads))
-        if cfg.attention:
-            check_backend(cfg.attention, device.split(":")[0], dtype)
         model, tokenizer = load_model(cfg)
+        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False,
+                           n_params=model.num_params(non_embedding=False))
+        if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
+            dtype = torch.float32
+        check_backend(model.config.attention, device.split(":")[0], dtype)
         prompt = cfg.start
         if prompt.startswith("FILE:"):
             with open(prompt[5:], encoding="utf-8") as f:
@@ -79,11 +81,13 @@ def main(cfg):
             raise ValueError("the prompt is empty; give at least one character with --start=...")
     except (ValueError, OSError) as e:
         fail(e)
-    model.eval().to(device)
+    # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
+    # bytes in bf16, where autocast would cast every fp32 weight again for every token
+    model.eval().to(device=device, dtype=dtype)
     if cfg.attention_map:
         draw_attention(model, tokenizer, ids, cfg)
     else:
-        write_samples(model, tokenizer, prompt, ids, cfg, dtype)
+        write_samples(model, tokenizer, prompt, ids, cfg)
 
 
 def load_model(cfg):
@@ -134,7 +138,7 @@ def draw_attention(model, tokenizer, ids, cfg):
     print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
 
 
-def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
+def write_samples(model, tokenizer, prompt, ids, cfg):
     """num_samples continuations of the prompt, sampled together as one batch: the first is
     streamed to stdout token by token, the others follow when the batch is done."""
     device = next(model.parameters()).device
@@ -142,16 +146,15 @@ def write_samples(model, tokenizer, prompt, ids, cfg, dtype):
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
     new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
     sys.stdout.write(prompt)
-    with autocast(device.type, dtype):
-        for tokens in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
-                                   cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
-            new.append(tokens)  # (num_samples, 1)
-            pending.append(tokens[0, 0].item())
-            text = tokenizer.decode(pending)
-            if not text.endswith("\ufffd"):
-                sys.stdout.write(text)
-                sys.stdout.flush()
-                pending = []
+    for tokens in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                               cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
+        new.append(tokens)  # (num_samples, 1)
+        pending.append(tokens[0, 0].item())
+        text = tokenizer.decode(pending)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            pending = []
     sys.stdout.write(tokenizer.decode(pending) + "\n---------------\n")
     rows = torch.cat(new, dim=1).tolist() if new else [[] for _ in range(cfg.num_samples)]
     for row in rows[1:]:

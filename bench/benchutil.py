@@ -56,10 +56,10 @@ def resolve_device(name):
         fail(e)
 
 
-def resolve_dtype(name, device_type, training=True):
-    """configurator.pick_dtype, with a dtype this device cannot run reported as one line."""
+def resolve_dtype(name, device_type, training=True, n_params=0):
+    """hardware.pick_dtype, with a dtype this device cannot run reported as one line."""
     try:
-        return pick_dtype(name, device_type, training)
+        return pick_dtype(name, device_type, training, n_params)
     except ValueError as e:
         fail(e)
 

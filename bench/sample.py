@@ -1,16 +1,24 @@
 """
-Generation speed: tokens/s of model.generate for max_new_tokens new tokens, batch 1, temperature
-1.0 with a fixed torch.Generator, three ways side by side:
+Generation speed: tokens/s of model.generate, batch 1, side by side with a reference
+(--reference=...):
 
-  kv_cache   model.generate: each new token runs through the model alone, against cached keys and values
-  no_cache   model.generate(use_kv_cache=False): the whole window again for every token
-  nanogpt    nanoGPT's generate loop (crop the context to block_size, a full forward per token,
-             append with torch.cat) on the same-sized model with nanoGPT's choices (learned positions,
-             PyTorch's SDPA attention, the exact GELU)
+  nanogpt (default)  nanoGPT's CPU model (4 x 128, block 64), 500 new tokens at temperature 1.0 with
+             a fixed torch.Generator, three ways:
+    kv_cache   model.generate: each new token runs through the model alone, against cached keys and values
+    no_cache   model.generate(use_kv_cache=False): the whole window again for every token
+    nanogpt    nanoGPT's generate loop (crop the context to block_size, a full forward per token,
+               append with torch.cat) on the same-sized model with nanoGPT's choices (learned positions,
+               PyTorch's SDPA attention, the exact GELU)
+  transformers  GPT-2 124M's shape and architecture, 200 new greedy tokens (what a user waits for a
+             paragraph of), the same weights in both:
+    kv_cache          model.generate
+    transformers      Hugging Face transformers' GPT2LMHeadModel.generate with its KV cache, in the same dtype
+    transformers_fp32 the same in fp32, its default, when the dtype is another
 
-    python bench/sample.py                                 # nanoGPT's CPU model (4 x 128, block 64), random weights
+    python bench/sample.py                                 # against nanoGPT, random weights
     python bench/sample.py --block_size=256                # a longer window, where the cache matters more
     python bench/sample.py --out_dir=out                   # a trained checkpoint instead
+    python bench/sample.py --reference=transformers        # GPT-2 124M against transformers
     python bench/sample.py --profile=100                   # and where a token's time goes
     python bench/sample.py --max_new_tokens=50 --repeats=2 --out=/tmp/s.json       # smoke test
 
@@ -18,19 +26,25 @@ Random weights are fine for speed: a token costs the same arithmetic whatever th
 same matmuls over the same window lengths; the sampling step is the same softmax + multinomial).
 Only the tokens picked differ, and nothing in generate branches on them.
 
+dtype: the weights themselves are cast, as sample.py does; auto picks what sample.py picks for this
+model here (hardware.pick_dtype: on a CPU with bf16 instructions, bf16 once the fp32 weights outgrow
+the last-level cache).
 Time: the paths alternate (kv_cache, no_cache, nanogpt, kv_cache, ...) for `repeats` rounds after a
 short warm-up of each; each sample is one whole generate call with a fresh generator of the same
 seed, and the median is reported. The cache path refills the cache once per half block when the
 window moves (model.stream).
-Sanity check: at temperature 0 (greedy) model.generate must give the same tokens with and without the cache.
+Sanity check, greedy (temperature 0): model.generate gives the same tokens with and without the cache,
+and the same tokens as transformers in the same dtype.
 Profile (--profile=N): torch.profiler over N new tokens of each path. Per token: the PyTorch ops called
 from Python (top-level ops; the ops they call inside are counted in their time), the time spent inside
 them, and the rest of the wall time (Python, the loop, the profiler's own cost per op). When a token
 is mostly "the rest", fewer ops per token is the lever, not faster kernels.
 """
-import os
+import copy
 import functools
+import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,42 +60,54 @@ from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_tabl
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
-from hardware import autocast
+from hardware import DType
 from model import GPT
 from train import TrainConfig, model_config
 
-DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 128}  # train.py's CPU default, and nanoGPT's CPU recipe
-REQUIRED_SPEEDUP = 5.0  # KV cache >= 5x faster than no cache for that model at block_size >= 256
+# Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
+# shape), and GPT-2 124M for a paragraph, greedy
+REFERENCE_DEFAULTS = {
+    "nanogpt": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "max_new_tokens": 500, "temperature": 1.0},
+    "transformers": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "max_new_tokens": 200,
+                     "temperature": 0.0}}
+REQUIRED_SPEEDUP = 5.0  # KV cache >= 5x faster than no cache for nanoGPT's model at block_size >= 256
 REQUIRED_MIN_BLOCK = 256
 REQUIRED_VS_NANOGPT = 3.0  # model.generate >= 3x nanoGPT's loop for that model at nanoGPT's block_size 64
-NANOGPT_BLOCK = 64
-REQUIRED_NEW_TOKENS = 500  # the generation length the goals are stated for
+REQUIRED_VS_TRANSFORMERS = 1.5  # model.generate >= 1.5x transformers' generate, GPT-2 124M, same dtype
+SHAPE = ("n_layer", "n_head", "n_embd")
 
 
 @dataclass
 class SampleBench:
+    reference: Literal["nanogpt", "transformers"] = "nanogpt"  # what model.generate is compared with (see the top)
     out_dir: str = ""  # a train.py out_dir holding ckpt.pt; "": random weights of the shape below
-    n_layer: int = 4  # random weights: transformer blocks
-    n_head: int = 4  # random weights: attention heads
-    n_embd: int = 128  # random weights: width of the residual stream
-    block_size: Optional[int] = None  # none: 64 (random weights) or the checkpoint's; smaller crops a checkpoint
-    vocab_size: int = 0  # random weights: 0 takes data/shakespeare_char/meta.json's, else 65
+    n_layer: Optional[int] = None  # random weights: transformer blocks (none: the reference's, REFERENCE_DEFAULTS)
+    n_head: Optional[int] = None  # random weights: attention heads (none: the reference's)
+    n_embd: Optional[int] = None  # random weights: width of the residual stream (none: the reference's)
+    block_size: Optional[int] = None  # none: the reference's or the checkpoint's; smaller crops a checkpoint
+    vocab_size: int = 0  # random weights against nanogpt: 0 takes data/shakespeare_char/meta.json's, else 65
     attention: Optional[Backend] = None  # none: manual / the checkpoint's
-    max_new_tokens: int = 500  # new tokens per generate() call
+    max_new_tokens: Optional[int] = None  # new tokens per generate() call (none: the reference's)
     prompt_len: int = 1  # random prompt tokens
-    temperature: float = 1.0  # of the timed runs; the sanity check also runs greedy (0)
+    temperature: Optional[float] = None  # of the timed runs (none: the reference's); the check runs greedy (0)
     repeats: int = 5  # interleaved rounds; the median is reported
     warmup_tokens: int = 32  # each path generates this many untimed first
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # autocast dtype, as sample.py
+    dtype: DType = "auto"  # the weights' precision, as sample.py casts them (auto: what sample.py picks here)
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the random weights, the prompt and every run's generator
     profile: int = 0  # > 0: then profile this many new tokens of each path: ops per token and where the time goes
-    out: str = ""  # JSON path; "": bench/results/sample-<device>.json
+    out: str = ""  # JSON path; "": bench/results/sample-<device>.json, or sample-transformers-<device>.json
 
     def __post_init__(self):
-        for name in ("max_new_tokens", "prompt_len", "repeats", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
+        for name, value in REFERENCE_DEFAULTS[self.reference].items():
+            if getattr(self, name) is None and not (self.out_dir and name in (*SHAPE, "block_size")):
+                setattr(self, name, value)
+        if self.reference == "transformers" and self.out_dir:
+            raise ValueError("reference=transformers runs GPT-2's architecture on random weights; a checkpoint's "
+                             "model is another (drop --out_dir)")
+        for name in ("max_new_tokens", "prompt_len", "repeats", *SHAPE):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.profile < 0:
             raise ValueError(f"profile must be >= 0, got {self.profile}")
@@ -91,7 +117,8 @@ class SampleBench:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
 
 
-def build_model(cfg, device):
+def build_model(cfg):
+    """(model, source): from the checkpoint, or random weights of train.py's model in cfg's shape."""
     if cfg.out_dir:
         try:
             ckpt = load_checkpoint(ckpt_path(cfg.out_dir))
@@ -101,22 +128,45 @@ def build_model(cfg, device):
                 model.crop_block_size(cfg.block_size)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             fail(f"{cfg.out_dir}/ckpt.pt: {str(e).splitlines()[0]}")
-        source = f"checkpoint {cfg.out_dir}/ckpt.pt"
-    else:
-        vocab = cfg.vocab_size
-        if not vocab:
-            data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
-            vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
-        try:
-            config = replace(model_config(TrainConfig(), vocab), block_size=cfg.block_size or NANOGPT_BLOCK,
-                             n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                             attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
-        except ValueError as e:
-            fail(e)
-        torch.manual_seed(cfg.seed)
-        model = GPT(config)
-        source = "random weights"
-    return model.eval().to(device), source
+        return model, f"checkpoint {cfg.out_dir}/ckpt.pt"
+    vocab = cfg.vocab_size
+    if not vocab:
+        data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
+        vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
+    try:
+        config = replace(model_config(TrainConfig(), vocab), block_size=cfg.block_size,
+                         n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                         attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
+    except ValueError as e:
+        fail(e)
+    torch.manual_seed(cfg.seed)
+    return GPT(config), "random weights"
+
+
+def build_gpt2_pair(cfg):
+    """(ours, transformers' GPT2LMHeadModel): one set of random GPT-2 weights in cfg's shape, saved
+    by transformers and loaded by GPT.from_pretrained, as a user's GPT-2 files would be."""
+    try:
+        import transformers
+    except ImportError:
+        fail("reference=transformers needs the transformers package: pip install -r requirements-dev.txt")
+    transformers.logging.set_verbosity_error()  # its notes on generation settings, on every call
+    torch.manual_seed(cfg.seed)
+    hf_config = transformers.GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                        n_positions=cfg.block_size)
+    hf = transformers.GPT2LMHeadModel(hf_config)
+    with tempfile.TemporaryDirectory() as work_dir:
+        hf.save_pretrained(work_dir)
+        ours = GPT.from_pretrained(work_dir, **({"attention": cfg.attention} if cfg.attention else {}))
+    return ours, hf
+
+
+@torch.inference_mode()
+def transformers_generate(hf_model, prompt, max_new_tokens):
+    """Greedy decoding with transformers' generate and its KV cache, exactly max_new_tokens tokens."""
+    return hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
+                             pad_token_id=hf_model.config.eos_token_id)
 
 
 @torch.no_grad()
@@ -131,13 +181,15 @@ def nanogpt_generate(model, idx, max_new_tokens, temperature=1.0, generator=None
     return idx
 
 
-def generate_path(path, n, temperature, *, model, baseline, prompt, seed, device, autocast):
+def generate_path(path, n, temperature, *, models, prompt, seed, device):
     """One timed unit: n new tokens by `path`, from a fresh generator of the same seed."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    with autocast:
-        if path == "nanogpt":
-            return nanogpt_generate(baseline, prompt, n, max(temperature, 1e-6), gen)
-        return model.generate(prompt, n, temperature=temperature, use_kv_cache=path == "kv_cache", generator=gen)
+    if path == "nanogpt":
+        return nanogpt_generate(models[path], prompt, n, max(temperature, 1e-6), gen)
+    if path.startswith("transformers"):
+        return transformers_generate(models[path], prompt, n)
+    return models["kv_cache"].generate(prompt, n, temperature=temperature, use_kv_cache=path == "kv_cache",
+                                       generator=gen)
 
 
 def time_paths(cfg, generate, paths, device):
@@ -155,22 +207,23 @@ def time_paths(cfg, generate, paths, device):
     return results
 
 
-def greedy_check(cfg, generate):
-    """(same tokens at temperature 0 with and without the cache?, the first new token that differs or None)."""
-    greedy_cache = generate("kv_cache", cfg.max_new_tokens, 0.0)
-    greedy_full = generate("no_cache", cfg.max_new_tokens, 0.0)
-    if torch.equal(greedy_cache, greedy_full):
+def greedy_check(cfg, generate, other):
+    """(same tokens at temperature 0 from model.generate and the path `other`?, the first new token that
+    differs or None)."""
+    ours = generate("kv_cache", cfg.max_new_tokens, 0.0)
+    theirs = generate(other, cfg.max_new_tokens, 0.0)
+    if torch.equal(ours, theirs):
         return True, None
-    return False, int((greedy_cache != greedy_full)[0].nonzero()[0]) - cfg.prompt_len
+    return False, int((ours != theirs)[0].nonzero()[0]) - cfg.prompt_len
 
 
-def nanogpt_model(config, seed, device):
+def nanogpt_model(config, seed):
     """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, nn.GELU() (the
     exact GELU), GPT-2's init."""
     torch.manual_seed(seed)
     nanogpt = replace(config, pos_embedding="learned", attention="sdpa", norm="layernorm", qk_norm=False,
                       activation="gelu")
-    return GPT(nanogpt).eval().to(device)
+    return GPT(nanogpt)
 
 
 def profile_paths(cfg, generate, paths, device):
@@ -193,68 +246,86 @@ def profile_paths(cfg, generate, paths, device):
     return profiles
 
 
-def check_requirements(c, cfg, device_type, speedup, vs_nanogpt):
-    """The two sampling goals (bench/README.md), each printed as holding or not, or as not applicable to this run."""
-    default_model = device_type == "cpu" and all(getattr(c, k) == v for k, v in DEFAULT_SHAPE.items()) \
-        and cfg.max_new_tokens >= REQUIRED_NEW_TOKENS
-    requirements = {
-        "kv_cache_vs_no_cache": {"min": REQUIRED_SPEEDUP, "value": speedup,
-                                 "applies": default_model and c.block_size >= REQUIRED_MIN_BLOCK,
-                                 "stated": f"block_size >= {REQUIRED_MIN_BLOCK}"},
-        "kv_cache_vs_nanogpt": {"min": REQUIRED_VS_NANOGPT, "value": vs_nanogpt,
-                                "applies": default_model and c.block_size == NANOGPT_BLOCK,
-                                "stated": f"block_size {NANOGPT_BLOCK}"}}
-    for name, r in requirements.items():
-        r["holds"] = r["value"] >= r["min"]
+def check_requirements(c, cfg, device_type, ratios):
+    """The sampling goals (bench/README.md), each printed as holding or not, or as not applicable to this run."""
+    stated = dict(REFERENCE_DEFAULTS[cfg.reference], block_size=c.block_size, temperature=cfg.temperature)
+    as_stated = device_type == "cpu" and all(getattr(c, k) == v for k, v in stated.items() if k in SHAPE) \
+        and cfg.max_new_tokens >= stated["max_new_tokens"]
+    block = REFERENCE_DEFAULTS["nanogpt"]["block_size"]
+    goals = {"nanogpt": {"kv_cache_vs_no_cache": (REQUIRED_SPEEDUP, c.block_size >= REQUIRED_MIN_BLOCK,
+                                                  f"block_size >= {REQUIRED_MIN_BLOCK}"),
+                         "kv_cache_vs_nanogpt": (REQUIRED_VS_NANOGPT, c.block_size == block, f"block_size {block}")},
+             "transformers": {"kv_cache_vs_transformers": (REQUIRED_VS_TRANSFORMERS, True, "the same dtype")}}
+    requirements = {}
+    for name, (minimum, applies, condition) in goals[cfg.reference].items():
+        r = requirements[name] = {"min": minimum, "value": ratios[name], "applies": as_stated and applies,
+                                  "stated": condition, "holds": ratios[name] >= minimum}
+        shape = {k: REFERENCE_DEFAULTS[cfg.reference][k] for k in (*SHAPE, "max_new_tokens")}
         verdict = ("HOLDS" if r["holds"] else "DOES NOT HOLD") if r["applies"] else \
-            f"not applicable to this run (stated for the CPU model {DEFAULT_SHAPE}, {r['stated']}, " \
-            f"{REQUIRED_NEW_TOKENS} new tokens)"
-        print(f"requirement {name} >= {r['min']:.0f}x: {verdict}")
+            f"not applicable to this run (stated on a CPU for {shape}, {condition})"
+        print(f"requirement {name} >= {minimum:.1f}x: {verdict}")
     return requirements
+
+
+def build_paths(cfg, device, device_type):
+    """({path: the model it runs, on device in the dtype}, where the weights came from, the dtype)."""
+    if cfg.reference == "transformers":
+        ours, hf = build_gpt2_pair(cfg)
+        models = {"kv_cache": ours, "transformers": hf, "transformers_fp32": copy.deepcopy(hf)}
+        source = "random GPT-2 weights, saved by transformers"
+    else:
+        ours, source = build_model(cfg)
+        models = {"kv_cache": ours, "no_cache": ours, "nanogpt": nanogpt_model(ours.config, cfg.seed)}
+    dtype = resolve_dtype(cfg.dtype, device_type, training=False, n_params=ours.num_params(non_embedding=False))
+    if dtype == torch.float32:
+        models.pop("transformers_fp32", None)  # the same run as "transformers"
+    for path, model in models.items():
+        model.eval().to(device=device, dtype=torch.float32 if path == "transformers_fp32" else dtype)
+    return models, source, dtype
 
 
 def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     set_threads(cfg.threads)
-    dtype = resolve_dtype(cfg.dtype, device_type, training=False)
-    model, source = build_model(cfg, device)
-    c = model.config
-    baseline = nanogpt_model(c, cfg.seed, device)
+    models, source, dtype = build_paths(cfg, device, device_type)
+    c = models["kv_cache"].config
     info = machine_info(device)
     print_machine(info)
     print(f"model: {c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, block_size {c.block_size}, vocab "
           f"{c.vocab_size}, attention {c.attention}, positions {c.pos_embedding} ({source}) | {cfg.max_new_tokens} "
-          f"new tokens after a {cfg.prompt_len}-token prompt, batch 1, temperature {cfg.temperature}, dtype {cfg.dtype}")
-
+          f"new tokens after a {cfg.prompt_len}-token prompt, batch 1, temperature {cfg.temperature}, "
+          f"dtype {str(dtype).removeprefix('torch.')}")
     if cfg.prompt_len > c.block_size:
         fail(f"prompt_len={cfg.prompt_len} exceeds block_size={c.block_size}")
     g = torch.Generator().manual_seed(cfg.seed)
     prompt = torch.randint(c.vocab_size, (1, cfg.prompt_len), generator=g).to(device)
-    generate = functools.partial(generate_path, model=model, baseline=baseline, prompt=prompt, seed=cfg.seed,
-                                 device=device, autocast=autocast(device_type, dtype))
-    paths = ("kv_cache", "no_cache", "nanogpt")
+    generate = functools.partial(generate_path, models=models, prompt=prompt, seed=cfg.seed, device=device)
+    paths = tuple(models)
     results = time_paths(cfg, generate, paths, device)
-    speedup = results["kv_cache"]["tokens_per_s"] / results["no_cache"]["tokens_per_s"]
-    vs_nanogpt = results["kv_cache"]["tokens_per_s"] / results["nanogpt"]["tokens_per_s"]
-    same, first_diff = greedy_check(cfg, generate)
+    reference = "nanogpt" if cfg.reference == "nanogpt" else "transformers"
+    ratios = {f"kv_cache_vs_{path}": results["kv_cache"]["tokens_per_s"] / results[path]["tokens_per_s"]
+              for path in paths if path != "kv_cache"}
+    same_as = "no_cache" if cfg.reference == "nanogpt" else "transformers"
+    same, first_diff = greedy_check(cfg, generate, same_as)
 
     print()
-    print(md_table(["path", "tokens/s", "median s", "min-max s", "vs nanogpt"],
+    print(md_table(["path", "tokens/s", "median s", "min-max s", f"vs {reference}"],
                    [[name, f"{r['tokens_per_s']:,.0f}", fmt(r["time"]["median"], ".3f"),
                      f"{r['time']['min']:.3f}-{r['time']['max']:.3f}",
-                     f"{r['tokens_per_s'] / results['nanogpt']['tokens_per_s']:.2f}x"] for name, r in results.items()]))
-    print(f"(median of {cfg.repeats} interleaved runs) KV cache vs no cache: {speedup:.2f}x; "
-          f"model.generate vs nanoGPT's loop: {vs_nanogpt:.2f}x")
-    requirements = check_requirements(c, cfg, device_type, speedup, vs_nanogpt)
+                     f"{r['tokens_per_s'] / results[reference]['tokens_per_s']:.2f}x"] for name, r in results.items()]))
+    print(f"(median of {cfg.repeats} interleaved runs) model.generate vs " +
+          "; vs ".join(f"{k.removeprefix('kv_cache_vs_')}: {v:.2f}x" for k, v in ratios.items()))
+    requirements = check_requirements(c, cfg, device_type, ratios)
     profiles = profile_paths(cfg, generate, paths, device) if cfg.profile else None
-    print(f"greedy (temperature 0) tokens identical with and without the cache: {'yes' if same else 'NO'}"
+    print(f"greedy (temperature 0) tokens of model.generate identical to {same_as}'s: {'yes' if same else 'NO'}"
           + ("" if same else f" (first difference at new token {first_diff})"))
-    out = cfg.out or default_out("sample", device)
+    name = "sample" if cfg.reference == "nanogpt" else "sample-transformers"
+    out = cfg.out or default_out(name, device)
     write_json(out, {"benchmark": "sample", "machine": info, "config": asdict(cfg), "model": asdict(c),
-                     "source": source, "results": results, "speedup": speedup, "vs_nanogpt": vs_nanogpt,
-                     "requirements": requirements, "profile": profiles, "greedy_identical": same,
-                     "greedy_first_difference": first_diff})
+                     "source": source, "dtype": str(dtype).removeprefix("torch."), "results": results,
+                     "ratios": ratios, "requirements": requirements, "profile": profiles,
+                     "greedy_identical": same, "greedy_compared_with": same_as, "greedy_first_difference": first_diff})
     if not same:
         sys.exit(1)
 

@@ -68,13 +68,27 @@ def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
     result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--n_layer=1", "--n_embd=32", "--n_head=2",
                        "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2", "--profile=8")
     assert set(result["results"]) == {"kv_cache", "no_cache", "nanogpt"}
-    assert result["speedup"] > 0 and result["vs_nanogpt"] > 0 and result["greedy_identical"] is True
+    assert set(result["ratios"]) == {"kv_cache_vs_no_cache", "kv_cache_vs_nanogpt"}
+    assert all(r > 0 for r in result["ratios"].values()) and result["greedy_identical"] is True
+    assert result["dtype"] == "float32"  # a model this small fits in any CPU's cache
     assert set(result["profile"]) == set(result["results"])
     for path, p in result["profile"].items():
         assert p["ops_per_token"] >= 5, (path, p)  # at least the layer's four matmuls and the head's
         # ops called inside other ops are counted once, in their caller's time: never more than the wall
         assert 0 < p["in_ops_ms"] <= p["token_ms"], (path, p)
         assert p["top_ops_us"] and all(op.startswith("aten::") for op in p["top_ops_us"]), (path, p)
+
+
+@pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),
+                                         ("bfloat16", {"kv_cache", "transformers", "transformers_fp32"})])
+def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_path, dtype, paths):
+    result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--reference=transformers", "--n_layer=1",
+                       "--n_embd=32", "--n_head=2", "--block_size=64", "--max_new_tokens=20", "--repeats=1",
+                       "--warmup_tokens=2", f"--dtype={dtype}")
+    assert set(result["results"]) == paths and result["dtype"] == dtype
+    assert result["config"]["temperature"] == 0.0  # greedy, so that the tokens can be compared
+    assert result["greedy_compared_with"] == "transformers" and result["greedy_identical"] is True
+    assert not result["requirements"]["kv_cache_vs_transformers"]["applies"]  # stated for GPT-2 124M only
 
 
 def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_dir):

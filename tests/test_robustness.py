@@ -622,6 +622,11 @@ CASES = [
          lambda c: [f"there is no directory {c.dir}/no"]),
     Case("sample-attention-map-unknown-format", lambda c: sample_args(c, f"--attention_map={c.dir}/a"),
          lambda c: ["extension", ".png"]),
+    # the checkpoint's own backend, not only --attention, is checked before the prompt is printed
+    Case("sample-fa2-checkpoint-on-a-cpu", lambda c: sample_args(c, out=c.ckpt_with(
+        lambda ck: _set(ck["model_config"], "attention", "fa2"))), lambda c: ["attention='fa2'"]),
+    Case("sample-float16-on-a-cpu", lambda c: sample_args(c, "--dtype=float16"),
+         lambda c: ["float16 is not supported on CPU", "--dtype=bfloat16"]),
     Case("sample-temperature-nan", lambda c: sample_args(c, "--temperature=nan"), lambda c: ["temperature", "finite"]),
     Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
          lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),

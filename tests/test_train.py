@@ -439,6 +439,39 @@ def test_help_says_what_every_setting_means(launch, script):
     assert len(starts) == 1, f"{script}: meanings do not start in one column"
 
 
+def test_sampling_on_a_cpu_runs_bf16_weights_only_once_they_outgrow_its_cache(monkeypatch):
+    import hardware
+    monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda: 32 * 2**20)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    assert hardware.pick_dtype("auto", "cpu", training=False, n_params=8 * 2**20 - 1) == torch.float32  # 32 MiB fp32
+    assert hardware.pick_dtype("auto", "cpu", training=False, n_params=8 * 2**20 + 1) == torch.bfloat16
+    assert hardware.pick_dtype("auto", "cpu", n_params=1000) == torch.bfloat16  # training: bf16 whatever the size
+    assert hardware.pick_dtype("float32", "cpu", training=False, n_params=10**9) == torch.float32  # a setting wins
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)  # an AVX2-only CPU
+    assert hardware.pick_dtype("auto", "cpu", training=False, n_params=10**9) == torch.float32
+    assert hardware.pick_dtype("auto", "cpu", n_params=10**9) == torch.float32
+
+
+def test_the_largest_cache_is_read_from_sysfs():
+    import hardware
+    assert hardware.last_level_cache_bytes() >= 2**20  # every CPU this runs on has a MiB of cache or more
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sample_py_casts_the_weights_themselves(tmp_path, data_dir, launch, monkeypatch, dtype):
+    """sample.py runs the weights in the dtype, not autocast over fp32 weights: a token then reads each
+    weight once, in half the bytes in bf16."""
+    import sample
+    from model import GPT
+    out = tmp_path / "out"
+    check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=1"))
+    seen = []
+    monkeypatch.setattr(GPT, "stream", lambda self, *a, **k: seen.append(next(self.parameters()).dtype) or iter([]))
+    sample.main(load_config(sample.SampleConfig, [f"--out_dir={out}", "--device=cpu", f"--dtype={dtype}",
+                                                  "--threads=1"]))
+    assert seen == [getattr(torch, dtype)]
+
+
 @pytest.mark.parametrize("name", ["cuda:1", "cuda:x", "cuda:-1"])
 def test_a_cuda_device_that_is_not_there(monkeypatch, name):
     from hardware import pick_device
