@@ -137,8 +137,9 @@ class MultiHeadAttention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
         # keep_weights=True: forward goes through manual_attention and keeps its weights in
-        # self.weights, (B, nh, Tq, Tk), for pictures and tests (fused kernels never form them)
-        self.keep_weights, self.weights = False, None
+        # self.weights, (B, nh, Tq, Tk), and the q, k, v they came from in self.qkv, for pictures
+        # and tests (fused kernels never form them)
+        self.keep_weights, self.weights, self.qkv = False, None, None
 
     def forward(self, x, context=None, kv_cache=None, rotary=None):
         """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; rotary: (cos, sin) for the Tq
@@ -163,12 +164,12 @@ class MultiHeadAttention(nn.Module):
         causal = self.causal and context is None
         dropout_p = self.dropout if self.training else 0.0
 
-        self.weights = None
+        self.weights = self.qkv = None
         if self.backend == "manual" or self.keep_weights:
             mask = causal_mask(Tq, Tk, q.device) if causal and Tq > 1 else None  # one newest query sees all
             y, weights = manual_attention(q, k, v, mask, dropout_p)
             if self.keep_weights:
-                self.weights = weights
+                self.weights, self.qkv = weights, (q, k, v)
         elif self.backend == "sdpa":
             y = self.sdpa(q, k, v, causal, dropout_p)
         else:

@@ -1,7 +1,14 @@
 """
-Pictures of attention weights: an interactive, self-contained HTML page (the template
-attention_map.html beside this file, filled in with the weights) and a static picture drawn with
-matplotlib (.png, .pdf, .svg, .jpg). `python sample.py --attention_map=FILE` writes them.
+Pictures of attention: an interactive, self-contained HTML page (the template attention_map.html
+beside this file, filled in with the model's numbers) and a static picture drawn with matplotlib
+(.png, .pdf, .svg, .jpg). `python sample.py --attention_map=FILE` writes them.
+
+The page covers the whole text, prompt and what the model wrote. Each token's row is its attention
+over its own window, the last block_size tokens up to it (all of them while the text is shorter),
+and holds the arithmetic of manual_attention with the model's numbers: for every key in the window
+the raw score q·k, and the share of the output o = Σ α v that the key brings (α_j |v_j| over
+Σ α |v|), and per row |o|. The page divides by √d and takes the softmax itself, so what it shows as
+weights is what it shows as scores, put through the formula.
 """
 import base64
 import html
@@ -13,22 +20,59 @@ import torch
 from files import atomic_write
 
 PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_map writes, by its extension
+WINDOWS_PER_FORWARD = 64  # rows past the first window are computed this many windows at a time
 
 
-def write_attention_page(weights, labels, path, title):
-    """One self-contained HTML page (attention_map.html, beside this file, filled in) to explore the weights:
-    per layer (nh, T, T); labels: the T tokens as text. Each head's lower triangle is kept, rounded
-    to a byte (1/255), so a block of 256 tokens x 144 heads (GPT-2) is about 6 MB."""
-    T = len(labels)
-    lower = torch.ones(T, T, dtype=torch.bool).tril()  # row i holds weights 0..i; the rest are masked
-    packed = torch.cat([(w.float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)[:, lower].flatten()
-                        for w in weights])  # layer by layer, head by head, row by row
-    data = {"tokens": labels, "n_layer": len(weights), "n_head": weights[0].size(0),
-            "weights": base64.b64encode(packed.numpy().tobytes()).decode("ascii")}
+@torch.no_grad()
+def attention_rows(model, ids):
+    """The page's numbers for the text ids (N tokens): scores and shares (n_layer, n_head, E), and
+    out_norms (n_layer, n_head, N); row i holds the min(i + 1, block_size) keys of its window in
+    order, and E sums them, row after row."""
+    block_size, device = model.config.block_size, next(model.parameters()).device
+    tokens = torch.tensor(ids, device=device)
+    first = tokens[:block_size]  # rows 0 .. block_size-1: one causal forward gives all of them
+    lower = torch.ones(len(first), len(first), dtype=torch.bool, device=device).tril()  # row i: keys 0..i
+    scores, shares, norms = row_arithmetic(model.attention_steps(first[None]))
+    parts = [(scores[:, 0][:, :, lower], shares[:, 0][:, :, lower], norms[:, 0])]
+    for start in range(block_size, len(ids), WINDOWS_PER_FORWARD):  # row i sees tokens i-block_size+1 .. i
+        ends = range(start, min(start + WINDOWS_PER_FORWARD, len(ids)))
+        windows = torch.stack([tokens[end - block_size + 1:end + 1] for end in ends])  # (W, block_size)
+        scores, shares, norms = row_arithmetic(model.attention_steps(windows))
+        parts.append((scores[:, :, :, -1].transpose(1, 2).flatten(2),  # each window's last row: (L, nh, W * T)
+                      shares[:, :, :, -1].transpose(1, 2).flatten(2), norms[:, :, :, -1].transpose(1, 2)))
+    return tuple(torch.cat(x, dim=-1) for x in zip(*parts))
+
+
+def row_arithmetic(steps):
+    """From attention_steps, stacked over layers: the raw scores q·k and each key's share of o,
+    both (L, B, nh, T, T), and |o| (L, B, nh, T)."""
+    q, k, v, weights = (torch.stack(x).float() for x in zip(*steps))
+    scores = q @ k.transpose(-2, -1)  # before the division by √d, which the page shows as its own step
+    brought = weights * v.norm(dim=-1).unsqueeze(-2)  # α_j |v_j|: how much of the sum each key brings
+    return scores, brought / brought.sum(dim=-1, keepdim=True), (weights @ v).norm(dim=-1)
+
+
+def write_attention_page(model, ids, labels, n_prompt, path, title):
+    """One self-contained HTML page (attention_map.html, beside this file, filled in) to explore the
+    attention of the text ids (labels: each token as text; the first n_prompt are the prompt).
+    Scores are kept in half precision (3 significant digits), shares in a byte (1/255), |o| in
+    fp32: a few MB for the default model over 1,000 tokens (bench/attention_page.py measures it)."""
+    scores, shares, norms = attention_rows(model, ids)
+    c = model.config
+    data = {"tokens": labels, "n_prompt": n_prompt, "n_layer": c.n_layer, "n_head": c.n_head,
+            "head_size": c.n_embd // c.n_head, "block_size": c.block_size,
+            "scores": packed(scores.to(torch.float16)), "shares": packed((shares * 255).round().to(torch.uint8)),
+            "out_norms": packed(norms.to(torch.float32))}
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_map.html"), encoding="utf-8") as f:
         page = f.read()
     page = page.replace("__TITLE__", html.escape(title)).replace("__DATA__", json.dumps(data).replace("</", "<\\/"))
     atomic_write(path, lambda f: f.write(page.encode("utf-8")))
+
+
+def packed(t):
+    """A tensor's values as base64 of their little-endian bytes, layer by layer, head by head, row by row."""
+    array = t.contiguous().cpu().numpy()
+    return base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode("ascii")
 
 
 def plot_attention(weights, labels, png_path, layer=0, head=0):

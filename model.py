@@ -172,18 +172,23 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
-    def attention_weights(self, idx, kv_cache=None):
-        """Per layer, the attention weights (B, nh, T, T_all) of a forward pass over idx, computed by
-        the hand-written path whatever the backend (fused kernels never form them)."""
+    def attention_steps(self, idx, kv_cache=None):
+        """Per layer, (q, k, v, weights) of a forward pass over idx, computed by the hand-written path
+        whatever the backend (fused kernels never form the weights): q (B, nh, T, hs), and k and v
+        (B, nh, T_all, hs), as attention used them (after QK-norm and RoPE); weights (B, nh, T, T_all)."""
         layers = [block.attn for block in self.transformer.h]
         for attn in layers:
             attn.keep_weights = True
         try:
             self(idx, kv_cache=kv_cache)
-            return [attn.weights for attn in layers]
+            return [(*attn.qkv, attn.weights) for attn in layers]
         finally:
             for attn in layers:
-                attn.keep_weights, attn.weights = False, None
+                attn.keep_weights, attn.weights, attn.qkv = False, None, None
+
+    def attention_weights(self, idx, kv_cache=None):
+        """Per layer, the attention weights (B, nh, T, T_all) of a forward pass over idx."""
+        return [weights for *_, weights in self.attention_steps(idx, kv_cache)]
 
     def flops_per_token(self):
         """Training FLOPs per token, as in the PaLM paper's appendix B (and nanoGPT): 6 per weight

@@ -5,7 +5,7 @@ attention (attention_map.py renders the pictures):
     python sample.py                                   # from out/ckpt.pt, which `python train.py` writes
     python sample.py --start="ROMEO:" --num_samples=3 --max_new_tokens=300 --temperature=0.8
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
-    python sample.py --start="ROMEO:" --max_new_tokens=40 --attention_map=attn.html   # explore its attention
+    python sample.py --start="ROMEO:" --attention_map=attn.html   # explore its attention, step by step
 """
 import os
 import sys
@@ -23,13 +23,19 @@ from hardware import DType, check_threads, pick_device, pick_dtype, pick_threads
 from model import GPT, check_sampling
 
 
+SAMPLE_NEW_TOKENS = 500  # tokens per sample when max_new_tokens is not given
+# an attention page, when max_new_tokens is not given, shows a line the model writes, at most this many
+# tokens: GPT-2's page over a prompt and 128 tokens is a few MB (bench/attention_page.py)
+PAGE_NEW_TOKENS = 128
+
+
 @dataclass
 class SampleConfig:
     out_dir: str = "out"  # where train.py wrote ckpt.pt
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 2  # how many samples, drawn together as one batch
-    max_new_tokens: int = 500  # tokens to write per sample
+    max_new_tokens: Optional[int] = None  # tokens to write per sample (none: 500; for an .html map: to the line's end)
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
     top_k: Optional[int] = 200  # sample only from the k most likely tokens (none: all)
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
@@ -54,7 +60,7 @@ class SampleConfig:
                                  f"{', '.join(PICTURE_FORMATS)}")
             if not os.path.isdir(folder):
                 raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
-        if self.max_new_tokens < 0:
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         check_threads(self.threads)
         if self.num_samples < 1:
@@ -114,28 +120,41 @@ def load_model(cfg):
 
 @torch.no_grad()
 def draw_attention(model, tokenizer, ids, cfg):
-    """The attention weights, every layer and head: of the prompt as a picture, or, as an interactive
-    page (.html), of the prompt and the max_new_tokens that the model first writes after it (the last
-    block_size tokens of them: the window the model sees)."""
+    """The attention, every layer and head: of the prompt as a picture, or, as an interactive page
+    (.html), of the whole text, the prompt and what the model then writes (continuation)."""
     c = model.config
     if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
         fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")
+    if cfg.attention_map.lower().endswith(".html"):
+        text = ids + continuation(model, tokenizer, ids, cfg)
+        title = cfg.init_from if cfg.init_from != "resume" else ckpt_path(cfg.out_dir)
+        write_attention_page(model, text, [tokenizer.decode([i]) for i in text], len(ids), cfg.attention_map, title)
+        print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(text)} tokens "
+              f"({len(ids)} of the prompt, {len(text) - len(ids)} written)")
+        return
+    ids = ids[-c.block_size:]  # a picture of the window the model sees
     device = next(model.parameters()).device
-    page = cfg.attention_map.lower().endswith(".html")
-    if page and cfg.max_new_tokens:
-        generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        ids = model.generate(torch.tensor([ids], device=device), cfg.max_new_tokens, temperature=cfg.temperature,
-                             top_k=cfg.top_k, top_p=cfg.top_p, generator=generator,
-                             vocab_size=tokenizer.vocab_size)[0].tolist()
-    ids = ids[-c.block_size:]
     weights = [w[0] for w in model.attention_weights(torch.tensor([ids], device=device))]  # per layer (nh, T, T)
-    labels = [tokenizer.decode([i]) for i in ids]
-    if page:
-        write_attention_page(weights, labels, cfg.attention_map, cfg.init_from if cfg.init_from != "resume"
-                             else ckpt_path(cfg.out_dir))
-    else:
-        plot_attention(weights, labels, cfg.attention_map, cfg.attention_layer, cfg.attention_head)
+    plot_attention(weights, [tokenizer.decode([i]) for i in ids], cfg.attention_map, cfg.attention_layer,
+                   cfg.attention_head)
     print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
+
+
+def continuation(model, tokenizer, ids, cfg):
+    """The tokens the model writes after ids for the page: max_new_tokens of them if that is given,
+    else to the end of the first line it writes, at most PAGE_NEW_TOKENS (and one window)."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    given = cfg.max_new_tokens is not None
+    new = []
+    for token in model.stream(torch.tensor([ids], device=device),
+                              cfg.max_new_tokens if given else min(PAGE_NEW_TOKENS, model.config.block_size),
+                              cfg.temperature, cfg.top_k, cfg.top_p, generator=generator,
+                              vocab_size=tokenizer.vocab_size):
+        new.append(token.item())
+        if not given and "\n" in tokenizer.decode(new[-1:]) and tokenizer.decode(new).strip():
+            break
+    return new
 
 
 def write_samples(model, tokenizer, prompt, ids, cfg):
@@ -146,7 +165,8 @@ def write_samples(model, tokenizer, prompt, ids, cfg):
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
     new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
     sys.stdout.write(prompt)
-    for tokens in model.stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+    n = SAMPLE_NEW_TOKENS if cfg.max_new_tokens is None else cfg.max_new_tokens
+    for tokens in model.stream(idx, n, cfg.temperature, cfg.top_k, cfg.top_p,
                                cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
         new.append(tokens)  # (num_samples, 1)
         pending.append(tokens[0, 0].item())

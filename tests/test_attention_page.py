@@ -1,8 +1,11 @@
 """sample.py --attention_map=FILE.html, tested in a real browser: headless Chromium (Debian's chromium
-and chromium-driver, driven by Selenium) opens the page, clicks tokens and heads, and the weights it
-shows must be the model's own, with every later token masked. Skips where no Chromium is installed;
-.ci/run installs it."""
+and chromium-driver, driven by Selenium) opens the page, clicks tokens and heads, and the numbers it
+shows must be the model's own: the weights on the text, and in the panel each step of attention
+(q·k, q·k/√d, the masked future as −∞, the softmax, the output's norm and each token's share of it),
+with every later token masked and every token before its window out of sight. Skips where no
+Chromium is installed; .ci/run installs it."""
 import importlib.util
+import math
 import shutil
 
 import pytest
@@ -16,7 +19,9 @@ from model import GPT, GPTConfig
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER and importlib.util.find_spec("selenium")),
                                 reason="needs chromium, chromium-driver (apt) and selenium (pip); .ci/run installs them")
-ROUNDING = 0.5 / 255 + 0.0005  # the page keeps a byte per weight and shows three decimals
+BLOCK = 32
+HALF = 2 ** -11  # float16's relative rounding: the page keeps scores in half precision
+PROMPT = "First Citizen:"
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +41,12 @@ def browser():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A small char-level model with weights far from uniform attention, as out_dir/ckpt.pt."""
+    """A small char-level model of train.py's kind (RoPE, QK-norm), with weights far from uniform
+    attention, as out_dir/ckpt.pt."""
     out = tmp_path_factory.mktemp("out")
     tokenizer = CharTokenizer(TEXT)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=16)
+    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=BLOCK, n_layer=2, n_head=2, n_embd=16,
+                       pos_embedding="rope", norm="rmsnorm", qk_norm=True, activation="relu2")
     torch.manual_seed(0)
     model = GPT(config)
     with torch.no_grad():
@@ -47,61 +54,160 @@ def checkpoint(tmp_path_factory):
             p.normal_(0, 0.5)
     save_checkpoint({"model": model.state_dict(), "model_config": config.__dict__, "tokenizer": tokenizer.meta()},
                     str(out / "ckpt.pt"))
-    return out, model, tokenizer
+    return out, model.eval(), tokenizer
 
 
-def shown_weights(browser, query):
-    """Click token `query`; the weight the page shows on every token, and which tokens it masks."""
-    from selenium.webdriver.common.by import By
-    spans = browser.find_elements(By.CSS_SELECTOR, "#text .tok")
-    spans[query].click()
-    return ([float(s.get_attribute("data-weight")) for s in spans],
-            ["masked" in s.get_attribute("class").split() for s in spans])
-
-
-def test_the_page_shows_the_models_own_weights_and_masks_the_future(checkpoint, browser, launch, tmp_path):
-    from selenium.webdriver.common.by import By
+def open_page(browser, launch, checkpoint, path, *args):
+    """Write the page with sample.py, open it; (its tokens, the model, the tokenizer, sample.py's stdout)."""
     out, model, tokenizer = checkpoint
-    page = tmp_path / "attn.html"
-    proc = check_ok(launch("sample.py", f"--out_dir={out}", "--start=First Citizen:", f"--attention_map={page}",
-                           "--max_new_tokens=10", "--device=cpu"))
-    assert "2 layers x 2 heads over 24 tokens" in proc.stdout, proc.stdout
-    browser.get(page.as_uri())
-    tokens = browser.execute_script("return DATA.tokens")
-    assert "".join(tokens).startswith("First Citizen:") and len(tokens) == 24  # the prompt and what the model wrote
+    proc = check_ok(launch("sample.py", f"--out_dir={out}", f"--start={PROMPT}", f"--attention_map={path}",
+                           "--device=cpu", *args))
+    browser.get(path.as_uri())
+    return browser.execute_script("return DATA.tokens"), model, tokenizer, proc.stdout
+
+
+def pick(browser, layer, head, query):
+    from selenium.webdriver.common.by import By
+    browser.find_element(By.CSS_SELECTOR, f'#grid [data-layer="{layer}"][data-head="{head}"]').click()
+    browser.find_elements(By.CSS_SELECTOR, "#text .tok")[query].click()
+
+
+def text_state(browser):
+    """Per token on the text: (its weight, masked?, outside the window?)."""
+    from selenium.webdriver.common.by import By
+    return [(float(s.get_attribute("data-weight")), "masked" in s.get_attribute("class").split(),
+             "outside" in s.get_attribute("class").split()) for s in browser.find_elements(By.CSS_SELECTOR, "#text .tok")]
+
+
+def panel(browser):
+    """The panel's table: {key: {column: text}}, and the texts of d, Σ α and |o|."""
+    from selenium.webdriver.common.by import By
+    rows = {}
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#steps tbody tr[data-key]"):
+        rows[int(tr.get_attribute("data-key"))] = {td.get_attribute("class"): td.text
+                                                   for td in tr.find_elements(By.CSS_SELECTOR, "td[class]")}
+    return rows, *(browser.find_element(By.ID, name).text for name in ("d", "sum", "norm"))
+
+
+def expected(model, ids, query):
+    """Python's numbers for token `query`, from the forward over its window: (first key, and per layer
+    (q·k (nh, L), weights (nh, L), shares (nh, L), |o| (nh,)))."""
+    first = max(0, query - BLOCK + 1)
     with torch.no_grad():
-        expected = model.attention_weights(torch.tensor([tokenizer.encode("".join(tokens))]))  # per layer (1, nh, T, T)
+        steps = model.attention_steps(torch.tensor([ids[first:query + 1]]))
+    numbers = []
+    for q, k, v, weights in steps:
+        q, k, v, weights = q[0, :, -1], k[0], v[0], weights[0, :, -1]  # the query's row
+        brought = weights * v.norm(dim=-1)
+        numbers.append(((k @ q[:, :, None])[..., 0], weights, brought / brought.sum(-1, keepdim=True),
+                        (weights[:, None, :] @ v)[:, 0].norm(dim=-1)))
+    return first, numbers
+
+
+def three_digits(x):
+    """How far the page's q·k (half precision, shown to 3 significant digits) may be from x."""
+    return abs(x) * (HALF + 0.005) + 1e-7
+
+
+def weight_tolerance(w, scaled):
+    """How far a weight shown to 3 decimals, from the softmax of half-precision scores, may be from w."""
+    return 0.0005 + w * math.expm1(2 * max(abs(s) for s in scaled) * HALF) + 1e-6
+
+
+def check_panel(browser, model, ids, layer, head, query):
+    rows, d, total, norm = panel(browser)
+    first, numbers = expected(model, ids, query)
+    scores, weights, shares, out_norm = (x[head] for x in numbers[layer])
+    hs = model.config.n_embd // model.config.n_head
+    assert d == str(hs)
+    assert min(rows) == first and [j for j in rows if j <= query] == list(range(first, query + 1))
+    scaled = [s.item() / math.sqrt(hs) for s in scores]
+    shown = 0.0
+    for j in range(first, query + 1):
+        row, n = rows[j], j - first
+        assert abs(float(row["score"]) - scores[n].item()) <= three_digits(scores[n].item()), (layer, head, query, j, row)
+        assert abs(float(row["scaled"]) - scaled[n]) <= three_digits(scaled[n]), (layer, head, query, j, row)
+        assert abs(float(row["weight"]) - weights[n].item()) <= weight_tolerance(weights[n].item(), scaled), row
+        assert abs(float(row["share"].rstrip("%")) / 100 - shares[n].item()) <= 0.005 + 0.5 / 255 + 1e-6, row
+        shown += float(row["weight"])
+    for j in (j for j in rows if j > query):  # the future, masked
+        assert rows[j]["scaled"] == "−∞" and rows[j]["weight"] == "0.000", rows[j]
+    assert total == "1.000" and abs(shown - 1) <= 0.0005 * len(rows) + 1e-6
+    assert abs(float(norm) - out_norm.item()) <= out_norm.item() * 5e-4 + 1e-6
+
+
+def test_the_page_shows_the_whole_text_and_the_models_own_weights(checkpoint, browser, launch, tmp_path):
+    tokens, model, tokenizer, stdout = open_page(browser, launch, checkpoint, tmp_path / "attn.html",
+                                                 "--max_new_tokens=10")
+    assert "2 layers x 2 heads over 24 tokens (14 of the prompt, 10 written)" in stdout, stdout
+    assert "".join(tokens).startswith(PROMPT) and len(tokens) == 24  # the prompt and what the model wrote
+    with torch.no_grad():
+        want = model.attention_weights(torch.tensor([tokenizer.encode("".join(tokens))]))  # per layer (1, nh, T, T)
+    ids = tokenizer.encode("".join(tokens))
     checked = 0
     for layer, head in ((0, 0), (1, 1), (1, 0)):  # the grid picks the head
-        browser.find_element(By.CSS_SELECTOR, f'#grid [data-layer="{layer}"][data-head="{head}"]').click()
         for query in (0, 9, 23):
-            weights, masked = shown_weights(browser, query)
-            want = expected[layer][0, head, query]
-            for j in range(24):
+            pick(browser, layer, head, query)
+            row = want[layer][0, head, query]
+            scaled = expected(model, ids, query)[1][layer][0][head] / math.sqrt(8)  # q·k/√d, d = 16 / 2
+            for j, (weight, masked, outside) in enumerate(text_state(browser)):
+                assert not outside
                 if j > query:
-                    assert masked[j] and weights[j] == 0, f"token {j} after query {query} is not masked"
+                    assert masked and weight == 0, f"token {j} after query {query} is not masked"
                 else:
-                    assert not masked[j] and abs(weights[j] - want[j].item()) <= ROUNDING, \
-                        (layer, head, query, j, weights[j], want[j].item())
+                    assert not masked and abs(weight - row[j].item()) <= weight_tolerance(row[j].item(), scaled), \
+                        (layer, head, query, j, weight, row[j].item())
                     checked += 1
     assert checked > 90
-    browser.find_element(By.CSS_SELECTOR, '#grid [data-layer="1"][data-head="2"]').click()  # average of heads
-    weights, _ = shown_weights(browser, 23)
-    average = expected[1][0, :, 23].mean(0)
-    assert max(abs(w - a.item()) for w, a in zip(weights, average)) <= ROUNDING
+    pick(browser, 1, 2, 23)  # head 2 of 2: the average of the layer's heads
+    heads = want[1][0, :, 23]  # (nh, T)
+    scaled = expected(model, ids, 23)[1][1][0].flatten() / math.sqrt(8)
+    for (w, _, _), average in zip(text_state(browser), heads.mean(0)):
+        assert abs(w - average.item()) <= weight_tolerance(heads.max().item(), scaled)
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"], "the page logged errors"
-    browser.save_screenshot(str(tmp_path / "attn.png"))
-    assert (tmp_path / "attn.png").stat().st_size > 10_000
+
+
+def test_the_panel_shows_each_step_of_attention_with_the_models_numbers(checkpoint, browser, launch, tmp_path):
+    tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=10")
+    ids = tokenizer.encode("".join(tokens))
+    for layer, head, query in ((0, 0, 0), (0, 1, 9), (1, 0, 13), (1, 1, 23)):
+        pick(browser, layer, head, query)
+        check_panel(browser, model, ids, layer, head, query)
+
+
+def test_rows_past_the_window_attend_over_their_own_window(checkpoint, browser, launch, tmp_path):
+    tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=40")
+    assert len(tokens) == 54 > BLOCK
+    ids = tokenizer.encode("".join(tokens))
+    for layer, head, query in ((0, 0, 40), (1, 1, 53)):
+        pick(browser, layer, head, query)
+        state = text_state(browser)
+        assert [j for j, (_, _, outside) in enumerate(state) if outside] == list(range(query - BLOCK + 1))
+        assert all(w == 0 for w, _, outside in state if outside)
+        check_panel(browser, model, ids, layer, head, query)
+
+
+def test_with_default_settings_the_page_shows_the_prompt_and_a_line(checkpoint, browser, launch, tmp_path):
+    from selenium.webdriver.common.by import By
+    tokens, _, _, stdout = open_page(browser, launch, checkpoint, tmp_path / "attn.html")  # no --max_new_tokens
+    written = "".join(tokens[len(PROMPT):])
+    assert "".join(tokens).startswith(PROMPT) and browser.execute_script("return DATA.n_prompt") == len(PROMPT)
+    assert 0 < len(written) <= BLOCK and "\n" not in written.strip(), repr(written)  # one line
+    assert written.endswith("\n") or len(written) == BLOCK, repr(written)
+    spans = browser.find_elements(By.CSS_SELECTOR, "#text .tok")
+    assert ["prompt" in s.get_attribute("class").split() for s in spans] == \
+        [i < len(PROMPT) for i in range(len(tokens))]  # the prompt looks different from what the model wrote
+    # before any click: the last token of the prompt is chosen, and what follows it is masked
+    assert [s.get_attribute("data-index") for s in browser.find_elements(By.CSS_SELECTOR, "#text .tok.query")] == \
+        [str(len(PROMPT) - 1)]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#text .tok.masked")) == len(tokens) - len(PROMPT)
 
 
 def test_arrow_keys_move_along_the_text(checkpoint, browser, launch, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    out, _, _ = checkpoint
-    page = tmp_path / "attn.html"
-    check_ok(launch("sample.py", f"--out_dir={out}", "--start=All:", f"--attention_map={page}", "--max_new_tokens=5"))
-    browser.get(page.as_uri())
-    shown_weights(browser, 3)
+    open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=5")
+    browser.find_elements(By.CSS_SELECTOR, "#text .tok")[3].click()
     body = browser.find_element(By.TAG_NAME, "body")
     body.send_keys(Keys.ARROW_LEFT)
     body.send_keys(Keys.ARROW_LEFT)

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import ROOT, check_ok
 
-SCRIPTS = ("attention", "train", "sample", "recipe")
+SCRIPTS = ("attention", "train", "sample", "recipe", "attention_page")
 
 
 def run_bench(launch, script, out, *args):
@@ -120,6 +120,14 @@ def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one(launch, tmp
     for label, summary in result["summary"].items():
         assert summary["ms_per_iter"]["mean"] > 0 and summary["val_loss"]["n"] == 1, label
     assert result["paired"]["a"] == "base-default" and result["paired"]["n"] == 1
+
+
+def test_attention_page_bench_writes_pages_and_weighs_them(launch, tmp_path):
+    check_ok(launch("bench/attention_page.py", "--cases=default", "--default_tokens=100", f"--out={tmp_path / 'p.json'}"))
+    result = json.loads((tmp_path / "p.json").read_text())
+    page = result["results"]["default"]
+    assert page["tokens"] == 100 and page["block_size"] == 64 and 0 < page["mb"] < 5, page
+    assert page["applies"] is False and page["holds"] is None  # the goal is stated over 1,000 tokens
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -75,6 +75,27 @@ def test_forward_returns_causal_weights_for_every_layer(backend):
         "attention_weights leaves the layers as they were"
 
 
+@pytest.mark.parametrize("arch", [{}, {"pos_embedding": "rope", "qk_norm": True, "norm": "rmsnorm"}],
+                         ids=["gpt2", "rope-qk_norm"])
+def test_attention_steps_are_the_q_k_v_behind_the_weights_and_the_output(arch):
+    """attention_steps' q, k, v are the ones attention used (after QK-norm and RoPE): the softmax of
+    q·kᵀ/√d under the causal mask is its weights, and Σ α v, heads joined and projected, its output."""
+    model = make_gpt("sdpa", **arch)
+    idx = rand_tokens(B, 12)
+    outputs = []
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out)) for block in model.transformer.h]
+    with torch.no_grad():
+        steps = model.attention_steps(idx)
+    for hook in hooks:
+        hook.remove()
+    for (q, k, v, weights), attn, out in zip(steps, [b.attn for b in model.transformer.h], outputs):
+        scores = (q @ k.transpose(-2, -1) / q.size(-1) ** 0.5).masked_fill(~torch.ones(12, 12).tril().bool(), -torch.inf)
+        torch.testing.assert_close(scores.softmax(-1), weights, rtol=0, atol=1e-6)
+        joined = (weights @ v).transpose(1, 2).reshape(B, 12, -1)  # (B, T, C): heads side by side
+        torch.testing.assert_close(attn.c_proj(joined), out, rtol=0, atol=1e-5)
+    assert all(b.attn.qkv is None and b.attn.weights is None for b in model.transformer.h)
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_forward_weights_with_kv_cache_cover_cached_positions(backend):
     model = make_gpt(backend)

@@ -196,7 +196,8 @@ def test_attention_map_from_gpt2_weights(tmp_path, launch):
 
 def test_attention_page_from_gpt2_weights_shows_bpe_pieces_readably(tmp_path, launch):
     """The .html page from GPT-2 weights: BPE pieces as text, their leading spaces kept (the page shows
-    them as visible marks), the weights a byte per entry of each head's lower triangle."""
+    them as visible marks); per entry of each head's lower triangle a half-precision score and a byte
+    share, and per row |o| in fp32."""
     import base64
     import re
 
@@ -211,5 +212,7 @@ def test_attention_page_from_gpt2_weights_shows_bpe_pieces_readably(tmp_path, la
     text = page.read_text(encoding="utf-8")
     assert "<script src" not in text and "http" not in text.split("<script>")[1], "the page must need no network"
     data = json.loads(re.search(r"const DATA = (\{.*?\});", text).group(1))
-    assert data["tokens"][:3] == ["Hello", " world", ","] and len(data["tokens"]) == 10
-    assert len(base64.b64decode(data["weights"])) == 2 * 2 * 10 * 11 // 2
+    assert data["tokens"][:3] == ["Hello", " world", ","] and len(data["tokens"]) == 10 and data["n_prompt"] == 7
+    entries = 2 * 2 * 10 * 11 // 2  # layers x heads x the lower triangle of 10 rows
+    assert [len(base64.b64decode(data[name])) for name in ("scores", "shares", "out_norms")] == \
+        [2 * entries, entries, 4 * 2 * 2 * 10]
