@@ -7,6 +7,7 @@ temporary file beside the target, flushes it to disk and renames it over the old
 (files.atomic_write), so a crash or kill mid-save leaves the previous checkpoint intact. It cannot
 run code: loading uses torch.load(weights_only=True), tensors and plain Python data only.
 """
+import fcntl
 import glob
 import os
 import pickle
@@ -161,30 +162,44 @@ def check_out_dir(out_dir, resuming, overwrite):
     lock_out_dir(out_dir)
 
 
+HELD_LOCKS = {}  # out_dir -> the open file descriptor of its .lock, while this process holds it
+
+
 def lock_out_dir(out_dir):
-    """Claim out_dir for this process, so that two runs never share it: out_dir/.lock names the
-    host and process of the run that holds it. A lock whose process is gone (on this host) is
-    taken over; a live one is a ValueError naming that run."""
-    path, me = os.path.join(out_dir, ".lock"), f"{socket.gethostname()} {os.getpid()}"
+    """Claim out_dir for this process, so that two runs never share it: an exclusive flock on
+    out_dir/.lock, taken in one atomic step and released by the kernel when the process ends,
+    however it ends (a killed run leaves no lock to take over). The file names the host and process
+    holding it, for the message another run gets: a ValueError naming that run."""
+    path = os.path.join(out_dir, ".lock")
     while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            with open(path, "x") as f:
-                f.write(me)
-            return
-        except FileExistsError:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
             host, _, pid = read_lock(path).partition(" ")
-            if host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
-                os.remove(path)  # left by a run that was killed
-                continue
             raise ValueError(f"{out_dir} is in use by process {pid or '?'} on {host or '?'} (see {path}); wait for "
-                             f"that run to end or pick another --out_dir (delete {path} if that run is gone)") from None
+                             "that run to end or pick another --out_dir") from None
+        try:  # the file at path may be one a finishing run removed after this process opened it
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
+    HELD_LOCKS[out_dir] = fd
 
 
 def unlock_out_dir(out_dir):
-    """Give out_dir back, if this process holds it."""
-    path = os.path.join(out_dir, ".lock")
-    if read_lock(path) == f"{socket.gethostname()} {os.getpid()}":
-        os.remove(path)
+    """Give out_dir back, if this process holds it: the file goes first, then the flock."""
+    fd = HELD_LOCKS.pop(out_dir, None)
+    if fd is not None:
+        try:
+            os.remove(os.path.join(out_dir, ".lock"))
+        except FileNotFoundError:  # out_dir was removed under the run
+            pass
+        os.close(fd)
 
 
 def read_lock(path):

@@ -475,6 +475,40 @@ def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
     assert not (out / ".lock").exists()
 
 
+def contend_for(out, index, barrier, results):
+    """One of several processes that start on out together: try to lock it, say whether it could.
+    Process i pauses 0.1 * (i + 1) s after reading the lock (as a busy machine can make a process
+    pause), so a read-then-remove lock would let every one of them in, one after another."""
+    import checkpoint
+    real_read = checkpoint.read_lock
+    checkpoint.read_lock = lambda path: (real_read(path), time.sleep(0.1 * (index + 1)))[0]
+    barrier.wait()
+    try:
+        checkpoint.lock_out_dir(str(out))
+        results.put("held")
+        time.sleep(0.5)  # hold it while the others try
+    except ValueError:
+        results.put("refused")
+
+
+def test_runs_that_find_a_stale_lock_at_once_never_both_take_it(tmp_path):
+    """The lock is taken in one atomic step, never read-then-remove: of three processes that start
+    together on an out_dir holding a killed run's .lock, exactly one holds it."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    for attempt in range(2):
+        out = tmp_path / f"out{attempt}"
+        out.mkdir()
+        (out / ".lock").write_text(f"{socket.gethostname()} {2**22 + 12345}")  # a process that is not there
+        barrier, results = context.Barrier(3), context.Queue()
+        workers = [context.Process(target=contend_for, args=(out, i, barrier, results)) for i in range(3)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=30)
+        assert sorted(results.get(timeout=5) for _ in workers) == ["held", "refused", "refused"], attempt
+
+
 def mount_tmpfs(directory, size):
     """Mount a tmpfs of size on directory; the reason it could not be (it needs root), or ""."""
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
