@@ -104,6 +104,7 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
                          "checkpoints, say, hold only weights this code reads differently); start a new run")
+    check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
         raise ValueError(f"{path} was trained with optimizer={saved.get('optimizer', defaults.optimizer)} "
@@ -127,6 +128,27 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
               "values, so this run will not match an uninterrupted one")
 
 
+# what each field a resume reads must be, so that a damaged checkpoint fails here, in one line,
+# before anything is written, and not in the middle of restoring it
+RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
+                 "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
+                 "rng": dict}
+RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's
+
+
+def check_resume_fields(checkpoint, path):
+    """ValueError naming what is wrong if a field of the checkpoint is not what resume reads."""
+    wrong = [f"{key} is {type(checkpoint[key]).__name__}" for key, kind in RESUME_FIELDS.items()
+             if not isinstance(checkpoint[key], kind) or isinstance(checkpoint[key], bool)]
+    if not wrong:
+        wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"]]
+        wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
+                  if key not in checkpoint["optimizer"]]
+    if wrong:
+        raise ValueError(f"{path} is damaged ({', '.join(wrong)}): resume cannot continue from it; start a new "
+                         "run, or resume from a copy of an earlier checkpoint")
+
+
 def tokenizer_difference(trained, data):
     """How two tokenizers' meta.json records differ, in words: which characters, or which tokenizers."""
     if all(isinstance(m, dict) and m.get("tokenizer") == "char" for m in (trained, data)):
@@ -143,6 +165,8 @@ def check_out_dir(out_dir, resuming, overwrite):
     unless told to, out_dir can be written (a 1 MiB probe: not full, not read-only), and it is
     this run's alone (lock_out_dir)."""
     path = ckpt_path(out_dir)
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a checkpoint; move it away or pick another --out_dir")
     if not resuming and not overwrite and os.path.exists(path):
         raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
                          "--out_dir, or start again in this one with --overwrite=true")

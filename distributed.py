@@ -1,10 +1,13 @@
 """
 What torchrun's processes agree on, so that none is left waiting for the others: a verdict on bad
-input, when to stop (a signal, the clock), and leaving the process group. In a single process each
+input or a fault, when to stop (a signal, the clock, a non-finite loss) and how often to ask, and
+leaving the process group. In a single process each
 of these is what that one process says.
 """
+import ctypes
 import os
 import shlex
+import signal
 import sys
 
 import torch
@@ -12,25 +15,52 @@ import torch
 from configurator import fail
 
 
-def fail_together(error):
-    """fail() on every process of a torchrun job if any of them found bad input (each says the first
-    rank's words), so that none is left waiting for the others; a single process just fails."""
+PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends (linux/prctl.h)
+AGREE_SECONDS = 2.0  # under torchrun the ranks compare signals, the clock and the loss this often
+
+
+def fail_together(error, status=2):
+    """fail() on every process of a torchrun job if any of them found an error (each says the first
+    rank's words), so that none is left waiting for the others; a single process just fails. Exit
+    status 2 for bad input, 1 for a fault."""
     if torch.distributed.is_initialized():
         errors = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(errors, None if error is None else str(error))
         error = next((e for e in errors if e), None)
     if error:
-        fail(error)
+        fail(error, status=status)
 
 
-def agree_on_stop(signum, elapsed, device):
-    """(signal, training seconds) for every rank to act on, the largest of each: the clock drives the
-    schedule, and a signal to one rank stops all (one landing during the all_reduce counts next time)."""
+def agree_on_stop(signum, elapsed, failed, device):
+    """(signal, training seconds, failed) for every rank to act on, the largest of each: the clock
+    drives the schedule, a signal to one rank stops all (one landing during the all_reduce counts
+    next time), and a rank that saw a non-finite loss fails all. One all_reduce."""
     if not torch.distributed.is_initialized():
-        return signum, elapsed
-    agreed = torch.tensor([float(signum), elapsed], dtype=torch.float64, device=device)
+        return signum, elapsed, failed
+    agreed = torch.tensor([float(signum), elapsed, float(failed)], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
-    return int(agreed[0]), agreed[1].item()
+    return int(agreed[0]), agreed[1].item(), bool(agreed[2])
+
+
+class AgreementSchedule:
+    """The iterations at which torchrun's ranks agree (agree_on_stop): about every AGREE_SECONDS of
+    training whatever log_interval is, and not past max_seconds, from the pace between the last two
+    agreements. Every rank computes it from the same agreed numbers, so all pick the same iteration;
+    no host sync happens in between."""
+
+    def __init__(self, max_seconds):
+        self.max_seconds, self.next_iter, self.last = max_seconds, 0, None
+
+    def due(self, iter_num):
+        return iter_num >= self.next_iter
+
+    def agreed(self, iter_num, elapsed):
+        step = 1
+        if self.last is not None and iter_num > self.last[0] and elapsed > self.last[1]:
+            per_iter = (elapsed - self.last[1]) / (iter_num - self.last[0])
+            left = self.max_seconds - elapsed if self.max_seconds > 0 else AGREE_SECONDS
+            step = max(1, int(min(AGREE_SECONDS, left) / per_iter))
+        self.last, self.next_iter = (iter_num, elapsed), iter_num + step
 
 
 def relaunch_command(args):
@@ -56,6 +86,18 @@ def torchrun_options():
     if end is None:
         return [f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}"]
     return launcher[start:end]
+
+
+def die_with_launcher():
+    """Under torchrun on Linux: be killed when torchrun ends without stopping this process (when it is
+    itself SIGKILLed, say), rather than live on, waiting in a collective for ranks that are gone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: no such call
+        return
+    if os.getppid() == 1:  # torchrun ended before the call took effect
+        os._exit(1)
 
 
 def leave_process_group():

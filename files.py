@@ -1,8 +1,10 @@
 """
 Writing a file so that a crash at any moment leaves the old file or the new one, never half of one:
-checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results.
+checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; and
+finding out, before the work, whether a file can be written at all.
 """
 import os
+import tempfile
 
 
 def atomic_write(path, write):
@@ -25,3 +27,16 @@ def atomic_write(path, write):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_writable(path):
+    """ValueError, before any work is done, if path cannot be written: it is a directory, or a file
+    cannot be created beside it (a read-only place, no permission). A probe file, removed at once."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory; name a file in it, e.g. {os.path.join(path, 'attn.html')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e} in {folder}; pick another place") from None

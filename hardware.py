@@ -6,6 +6,7 @@ measured against; and whether another process is busy on this run's CPUs.
 import functools
 import glob
 import json
+import math
 import os
 import platform
 import time
@@ -225,6 +226,10 @@ def peak_flops(device_type, dtype, reached=0.0):
             cached = json.load(f)
     except (OSError, ValueError):
         cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    # a damaged file (strings, a list, a negative peak) costs a re-measure, never a failed run
+    cached = {k: v for k, v in cached.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0}
     if machine in cached and cached[machine] >= reached:
         return cached[machine], source
     if machine in cached:  # a run beat the probe: the probe was low

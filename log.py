@@ -13,7 +13,6 @@ from dataclasses import asdict
 import torch
 
 from checkpoint import ckpt_path
-from configurator import fail
 from files import atomic_write
 from hardware import BusyCheck, peak_flops
 
@@ -57,22 +56,23 @@ class TrainingLog:
         if warning:
             print(warning)
 
-    def check_finite(self, iter_num):
-        """Stop on a non-finite loss, naming its iteration."""
+    def nonfinite(self, iter_num):
+        """The error for a non-finite loss among the steps since the last log line, naming its
+        iteration, or None (the others' answer is always None: rank 0 keeps the losses)."""
         if not self.losses or self.fp16:
-            return
+            return None
         values = torch.stack(self.losses).tolist()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        if bad is not None:
-            where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
-            fail(f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
-                 f"--learning_rate or use --dtype=float32 or bfloat16{where}", status=1)
+        if bad is None:
+            return None
+        where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
+        return (f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
+                f"--learning_rate or use --dtype=float32 or bfloat16{where}")
 
     def print_progress(self, iter_num, lr, seconds):
         """The log line of the steps since the last one: mean loss, rate, speed and MFU."""
         if not self.master:
             return
-        self.check_finite(iter_num)
         now = time.time()
         seconds_per_iter = (now - self.last_time) / (iter_num - self.last_iter)
         tokens_per_s = self.tokens_per_iter / seconds_per_iter
@@ -184,7 +184,7 @@ def read_metrics(path, until=None):
                     continue
                 if isinstance(record, dict) and "iter" in record and (until is None or record["iter"] <= until):
                     records.append(record)
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # none there, or not a readable file (a directory, say)
         pass
     return records
 

@@ -7,6 +7,7 @@ References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Huggin
 import json
 import math
 import os
+import pickle
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -247,11 +248,20 @@ class GPT(nn.Module):
         if not os.path.isfile(os.path.join(directory, "config.json")):
             raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json "
                              "and model.safetensors (or pytorch_model.bin)")
-        with open(os.path.join(directory, "config.json")) as f:
-            hf = json.load(f)
-        missing = [k for k in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd") if k not in hf]
+        try:
+            with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+                hf = json.load(f)
+        except ValueError as e:  # not JSON, or not UTF-8
+            raise ValueError(f"{directory}/config.json is damaged ({str(e).splitlines()[0]}); download the model "
+                             "again") from None
+        shape = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
+        missing = [k for k in shape if k not in hf] if isinstance(hf, dict) else list(shape)
         if missing:
             raise ValueError(f"{directory}/config.json lacks {', '.join(missing)}: it is not a GPT-2 config")
+        wrong = [f"{k}={hf[k]!r}" for k in shape if not isinstance(hf[k], int) or isinstance(hf[k], bool)]
+        if wrong:
+            raise ValueError(f"{directory}/config.json is damaged ({', '.join(wrong)}: these are whole numbers in "
+                             "GPT-2's config); download the model again")
         config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
                            n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, **overrides)
         model = cls(config)
@@ -307,6 +317,15 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1, keepdim=True)
 
 
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 models on the Hugging Face hub
+
+
+def is_pretrained_source(name):
+    """Whether from_pretrained can be asked for name: a local directory, a GPT-2 name, or a hub name
+    (owner/model)."""
+    return os.path.isdir(name) or name in GPT2_NAMES or name.count("/") == 1 and not name.startswith(("/", "."))
+
+
 def download_from_hub(name):
     """Fetch config.json and the weights of a Hugging Face model; a clear error offline."""
     from huggingface_hub import snapshot_download
@@ -319,11 +338,20 @@ def download_from_hub(name):
 
 
 def load_hf_state_dict(directory):
-    path = os.path.join(directory, "model.safetensors")
-    if os.path.exists(path):
-        from safetensors.torch import load_file
-        return load_file(path)
-    path = os.path.join(directory, "pytorch_model.bin")
-    if os.path.exists(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
+    """The tensors of model.safetensors (or else pytorch_model.bin); a ValueError naming the file
+    when it cannot be read as weights (a torn download, another format)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    for name, load in (("model.safetensors", load_file),
+                       ("pytorch_model.bin", lambda p: torch.load(p, map_location="cpu", weights_only=True))):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            try:
+                tensors = load(path)
+            except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
+                raise ValueError(f"{path} cannot be read as weights ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
+            if not isinstance(tensors, dict):
+                raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
+            return tensors
     raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")

@@ -19,8 +19,9 @@ from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
+from files import check_writable
 from hardware import DType, check_threads, pick_device, pick_dtype, pick_threads
-from model import GPT, check_sampling
+from model import GPT, GPT2_NAMES, check_sampling, is_pretrained_source
 
 
 SAMPLE_NEW_TOKENS = 500  # tokens per sample when max_new_tokens is not given
@@ -51,6 +52,9 @@ class SampleConfig:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.init_from != "resume" and not is_pretrained_source(self.init_from):
+            raise ValueError(f"init_from={self.init_from!r} is none of: resume, a GPT-2 name ({', '.join(GPT2_NAMES)}), "
+                             "a Hugging Face name (owner/model), a local directory")
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
         if self.attention_map:
@@ -78,13 +82,13 @@ def main(cfg):
         if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
             dtype = torch.float32
         check_backend(model.config.attention, device.split(":")[0], dtype)
-        prompt = cfg.start
-        if prompt.startswith("FILE:"):
-            with open(prompt[5:], encoding="utf-8") as f:
-                prompt = f.read()
+        if cfg.attention_map:
+            check_writable(cfg.attention_map)
+        prompt = read_prompt(cfg.start)
         ids = tokenizer.encode(prompt)
         if not ids:
             raise ValueError("the prompt is empty; give at least one character with --start=...")
+        check_fits(model, cfg, len(ids), device, dtype)
     except (ValueError, OSError) as e:
         fail(e)
     # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
@@ -94,6 +98,35 @@ def main(cfg):
         draw_attention(model, tokenizer, ids, cfg)
     else:
         write_samples(model, tokenizer, prompt, ids, cfg)
+
+
+def read_prompt(start):
+    """The prompt: the text of --start, or of the file that --start=FILE:path names."""
+    if not start.startswith("FILE:"):
+        return start
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{start[5:]} is not UTF-8 text (byte {e.start} cannot be decoded); --start=FILE: "
+                         "takes a text file") from None
+
+
+def check_fits(model, cfg, n_prompt, device, dtype):
+    """ValueError if the batch cannot be held: the tokens of every sample, and their KV cache (two
+    tensors per layer of num_samples x block_size x n_embd), against the device's memory."""
+    c, new = model.config, SAMPLE_NEW_TOKENS if cfg.max_new_tokens is None else cfg.max_new_tokens
+    needed = cfg.num_samples * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
+    if device.startswith("cuda"):
+        memory = torch.cuda.mem_get_info(device)[1]
+    elif hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        return
+    if needed > memory:
+        raise ValueError(f"num_samples={cfg.num_samples} x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB "
+                         f"for their tokens and KV cache; this {device.split(':')[0]} has {memory / 2**30:,.0f} GiB: "
+                         "ask for fewer --num_samples or --max_new_tokens")
 
 
 def load_model(cfg):

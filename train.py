@@ -32,12 +32,14 @@ from attention import check_backend
 from checkpoint import (check_out_dir, check_resumable, ckpt_path, load_checkpoint, model_from_checkpoint, rng_state,
                         save_checkpoint, set_rng_state, unlock_out_dir)
 from configurator import config_from_argv, fail
-from data.loader import Batches, load_meta, open_split
+from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
-from distributed import agree_on_stop, fail_together, leave_process_group, relaunch_command
+from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
+                         relaunch_command)
 from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
 from log import TrainingLog
-from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions
+from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
+                   is_pretrained_source)
 from optim import configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
@@ -106,6 +108,9 @@ class TrainConfig(GPTConfig):
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         check_threads(self.threads)
+        if self.init_from not in ("scratch", "resume") and not is_pretrained_source(self.init_from):
+            raise ValueError(f"init_from={self.init_from!r} is none of: scratch, resume, a GPT-2 name "
+                             f"({', '.join(GPT2_NAMES)}), a Hugging Face name (owner/model), a local directory")
         model_config(self, self.vocab_size or 1)  # the model's own checks (n_embd % n_head, ...)
 
 
@@ -127,15 +132,17 @@ def main(cfg):
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
+            state = new_train_state(cfg, setup, model, data.train)
+            if checkpoint is not None:
+                resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
+                del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
-                check_out_dir(cfg.out_dir, resuming=checkpoint is not None, overwrite=cfg.overwrite)
+                check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
-        state = new_train_state(cfg, setup, model, data.train)
-        if checkpoint is not None:
-            resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
-            del checkpoint  # free its memory
+        if cfg.init_from == "resume" and setup.master:
+            print(f"resuming from {ckpt_path(cfg.out_dir)} at iteration {state.iter_num}")
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
@@ -193,11 +200,12 @@ def set_up(cfg):
         torch.cuda.set_device(device)
         enable_tf32()
     if distributed:
+        die_with_launcher()
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype)
 
 
-Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-mapped), meta.json
+Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-mapped), meta.json's tokenizer
 
 
 def load_data(cfg, setup):
@@ -206,12 +214,16 @@ def load_data(cfg, setup):
     try:
         if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
-            prepare_shakespeare_char(cfg.data_dir)
+            try:
+                prepare_shakespeare_char(cfg.data_dir)
+            except KeyboardInterrupt:  # before training, Ctrl-C is not a stop request: there is nothing to save
+                fail(f"interrupted while preparing {cfg.data_dir}; it holds no data yet: run again to prepare it",
+                     status=128 + signal.SIGINT)
     finally:  # the others wait for the first process of each machine, even if it failed
         if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
-    data = Data(*(open_split(cfg.data_dir, split, meta["vocab_size"]) for split in ("train", "val")), meta)
+    data = Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta))
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) <= cfg.block_size:
             raise ValueError(f"{cfg.data_dir}/{split}.bin has {len(tokens)} tokens, not more than "
@@ -308,13 +320,15 @@ class TrainState:
 
 def resume_state(state, checkpoint, path, setup):
     """Continue where the checkpoint left off: optimizer, scaler, progress and every RNG."""
-    set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=setup.state_options)
-    state.scaler.load_state_dict(checkpoint["scaler"])
+    try:
+        set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=setup.state_options)
+        state.scaler.load_state_dict(checkpoint["scaler"])
+        set_rng_state(checkpoint["rng"], state.batches.generator)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:  # fields of the wrong shape
+        raise ValueError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}): "
+                         "resume cannot continue from it; start a new run") from None
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
-    set_rng_state(checkpoint["rng"], state.batches.generator)
-    if setup.master:
-        print(f"resuming from {path} at iteration {state.iter_num}")
 
 
 def wrap_model(cfg, setup, model):
@@ -354,20 +368,26 @@ def compile_model(model, cfg, setup):
 
 @torch.no_grad()
 def evaluate(model, data, cfg, setup):
-    """Mean loss over the same eval_iters batches of each split every time, shared out between ranks."""
+    """Mean loss over the same eval_iters batches of each split every time, shared out between ranks:
+    rank r takes batches r, r + world_size, ... Every rank runs as many forwards (FSDP gathers the
+    weights in each, with all ranks), the last one a repeat that counts for nothing where the batches
+    do not divide evenly."""
     model.eval()
     losses = {}
+    rounds = -(-cfg.eval_iters // setup.world_size)
     for split, tokens in (("train", data.train), ("val", data.val)):
         eval_batches = Batches(tokens, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device)
+        offsets = eval_batches.offsets(cfg.eval_iters)
         total = torch.zeros((), device=setup.device)
         # a bar only where someone watches: a terminal, and evaluations long enough to wait for
-        progress = tqdm(eval_batches.offsets(cfg.eval_iters), desc=f"eval {split}", leave=False, mininterval=1.0,
-                        disable=not (setup.master and sys.stderr.isatty()))
-        for k, offsets in enumerate(progress):
-            if k % setup.world_size == setup.rank:
-                x, y = eval_batches.load(offsets)
-                with setup.autocast():
-                    total += model(x, y)[1].float()
+        for r in tqdm(range(rounds), desc=f"eval {split}", leave=False, mininterval=1.0,
+                      disable=not (setup.master and sys.stderr.isatty())):
+            k = r * setup.world_size + setup.rank
+            x, y = eval_batches.load(offsets[min(k, cfg.eval_iters - 1)])
+            with setup.autocast():
+                loss = model(x, y)[1].float()
+            if k < cfg.eval_iters:
+                total += loss
         if setup.distributed:
             torch.distributed.all_reduce(total)
         losses[split] = total.item() / cfg.eval_iters
@@ -379,13 +399,14 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     """The loop: evaluate and save every eval_interval iterations and at the end, take a step, log;
     stop at max_iters, at max_seconds of training, or on a signal."""
     start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
+    agreements = AgreementSchedule(cfg.max_seconds)
     logger.open(state.iter_num)
     stop.start()
     state.clock.start()
     while True:
         last = state.iter_num >= cfg.max_iters or out_of_time
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
-            logger.check_finite(state.iter_num)
+            fail_together(logger.nonfinite(state.iter_num), status=1)
             with state.clock.paused():  # evaluating, saving and drawing are not training time
                 losses = evaluate(state.model, data, cfg, setup)
                 state.best_val_loss = min(state.best_val_loss, losses["val"])
@@ -396,14 +417,18 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)
         logger.add_loss(train_step(state, wrapped_model, cfg, setup, multiplier))
         state.iter_num += 1
-        if state.iter_num % cfg.log_interval == 0:
+        logged = state.iter_num % cfg.log_interval == 0
+        if setup.distributed and not (logged or agreements.due(state.iter_num)):
+            continue  # the ranks act on the clock, signals and the loss only where they agree on them
+        problem = logger.nonfinite(state.iter_num) if logged or setup.distributed or stop.signum else None
+        signum, elapsed, failed = agree_on_stop(stop.signum, state.clock.seconds(), problem is not None, setup.device)
+        if failed:
+            fail_together(problem, status=1)
+        agreements.agreed(state.iter_num, elapsed)
+        if logged:
             logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
-        elif setup.distributed:
-            continue  # the ranks act on clock and signals only where they agree on them, once per log line
-        signum, elapsed = agree_on_stop(stop.signum, state.clock.seconds(), setup.device)
         out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
         if signum:
-            logger.check_finite(state.iter_num)
             save(state, cfg, data.meta, setup, f"stopped by {signal.Signals(signum).name} after iteration "
                                              f"{state.iter_num}", final=True)
             if setup.master:

@@ -25,15 +25,27 @@ def load_meta(data_dir):
         if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int)):
             raise ValueError("it is not a JSON object with an integer vocab_size")
         tokenizer_from_meta(meta)  # names a tokenizer this code has, and is whole
+        splits = meta.get("splits", {})
+        if not (isinstance(splits, dict) and all(isinstance(r, dict) and all(
+                isinstance(r.get(k), int) for k in ("tokens", "largest_id")) for r in splits.values())):
+            raise ValueError("its splits are not {name: {tokens, largest_id}} with integer values")
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
         why = f"it has no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
         raise ValueError(f"{path} is damaged ({why}); prepare the data again with `python data/prepare.py`") from None
     return meta
 
 
-def open_split(data_dir, split, vocab_size=None):
-    """train.bin / val.bin of data_dir as a read-only uint16 memmap; with vocab_size, checked once
-    (one pass over the file, not a cost per step) to hold no token id outside the vocabulary."""
+def tokenizer_meta(meta):
+    """meta.json's record of the tokenizer alone (what a checkpoint keeps and resume compares),
+    without what it says about the token files."""
+    return {key: value for key, value in meta.items() if key != "splits"}
+
+
+def open_split(data_dir, split, meta=None):
+    """train.bin / val.bin of data_dir as a read-only uint16 memmap. With meta (meta.json's dict),
+    checked to be the file meta.json describes: its length, and the largest id recorded when it was
+    prepared inside the vocabulary (one pass over the file where meta.json records none: data
+    prepared before it did)."""
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
         raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
@@ -44,8 +56,15 @@ def open_split(data_dir, split, vocab_size=None):
         raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of uint16 tokens: it is damaged "
                          "or from an interrupted run; prepare the data again")
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
-    if vocab_size is not None and int(tokens.max()) >= vocab_size:
-        raise ValueError(f"{path} holds token id {int(tokens.max())}, outside meta.json's vocabulary of {vocab_size}: "
+    if meta is None:
+        return tokens
+    recorded = meta.get("splits", {}).get(split)
+    if recorded and recorded.get("tokens") != len(tokens):
+        raise ValueError(f"{path} holds {len(tokens):,} tokens but {data_dir}/meta.json says {recorded.get('tokens')}: "
+                         "the files come from different preparations; prepare the data again")
+    largest = recorded["largest_id"] if recorded else int(tokens.max())
+    if largest >= meta["vocab_size"]:
+        raise ValueError(f"{path} holds token id {largest}, outside meta.json's vocabulary of {meta['vocab_size']}: "
                          "its files come from different preparations; prepare the data again")
     return tokens
 

@@ -72,6 +72,12 @@ def _publish(out_dir, staged, meta):
     for tmp in staged.values():
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+    # each file's length and largest id, read once here, so that a run checks its files without reading them
+    meta = {**meta, "splits": {}}
+    for name, tmp in staged.items():
+        tokens = np.memmap(tmp, dtype=TOKEN_DTYPE, mode="r")
+        meta["splits"][name.removesuffix(".bin")] = {"tokens": len(tokens), "largest_id": int(tokens.max())}
+        del tokens  # closes the map before the rename
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):
         os.remove(meta_path)
@@ -423,6 +429,8 @@ def main():
         info = prepare(cfg)
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
+    except KeyboardInterrupt:  # the files are written beside their names and renamed at the end
+        fail("interrupted; the data dir was left as it was", status=130)
     print(f"{info['tokenizer']} tokenizer, vocab_size {info['vocab_size']:,}: "
           f"{info['train_tokens']:,} train tokens, {info['val_tokens']:,} val tokens")
     for path in info["paths"]:

@@ -27,10 +27,11 @@ def check_ok(proc):
     return proc
 
 
-def torchrun(*args, nproc=2):
+def torchrun(*args, nproc=2, timeout=240):
     """stdout of `torchrun --standalone --nproc_per_node=NPROC ARGS`, run in the repository, which must succeed."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    return check_ok(subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=240)).stdout
+    return check_ok(subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True,
+                                   timeout=timeout)).stdout
 
 
 def assert_causal_weights(w, q_start=0):

@@ -177,8 +177,11 @@ def doc_files(tmp_path):
 def test_prepare_bpe_files(tmp_path, doc_files):
     out = tmp_path / "bpe"
     info = prepare_bpe(str(out), files=doc_files)
-    assert load_meta(str(out)) == {"tokenizer": "gpt2", "vocab_size": 50257}
+    meta = load_meta(str(out))
     ids = tokens(out)
+    assert {k: v for k, v in meta.items() if k != "splits"} == {"tokenizer": "gpt2", "vocab_size": 50257}
+    assert meta["splits"] == {"train": {"tokens": int(0.9 * len(ids)), "largest_id": max(ids[:int(0.9 * len(ids))])},
+                              "val": {"tokens": len(ids) - int(0.9 * len(ids)), "largest_id": max(ids[int(0.9 * len(ids)):])}}
     assert GPT2Tokenizer().decode(ids) == "<|endoftext|>".join(DOCS)
     assert ids.count(50256) == len(DOCS) - 1
     n = len(ids)
@@ -238,6 +241,25 @@ def test_open_split_errors(tmp_path):
     (tmp_path / "val.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="whole number"):
         open_split(str(tmp_path), "val")
+
+
+def test_meta_records_the_files_so_a_run_checks_them_without_reading_them(tmp_path, monkeypatch):
+    """A start opens 18 GB of OpenWebText without a pass over it: meta.json records each file's
+    length and largest id when it is prepared, and a run compares the file's size with them."""
+    text = "hello world, " * 100
+    prepare_char(text, str(tmp_path))
+    meta = load_meta(str(tmp_path))
+    ids = CharTokenizer(text).encode(text)
+    assert meta["splits"] == {"train": {"tokens": 1170, "largest_id": max(ids[:1170])},
+                              "val": {"tokens": 130, "largest_id": max(ids[1170:])}}
+
+    def no_pass(self, *args, **kwargs):
+        raise AssertionError("the token file was read in full")
+
+    monkeypatch.setattr(np.memmap, "max", no_pass)
+    assert len(open_split(str(tmp_path), "train", meta)) == 1170
+    with pytest.raises(AssertionError, match="read in full"):  # data prepared before meta.json said: one pass
+        open_split(str(tmp_path), "train", {key: v for key, v in meta.items() if key != "splits"})
 
 
 # --- a Hugging Face dataset, char-level --------------------------------------------------------

@@ -2,6 +2,7 @@
 identical, 2 ranks x 1 micro-step equal 1 rank x 2 micro-steps, and FSDP2 trains and writes a
 checkpoint that loads into a plain model. Ranks read disjoint batches."""
 import os
+import re
 
 import pytest
 import torch
@@ -60,6 +61,22 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
     model.load_state_dict(clean_state_dict(checkpoint["model"]))  # strict: every tensor whole and present
     for name, w in model.state_dict().items():  # sharded training computes the same function
         assert torch.allclose(w, single[name], atol=1e-5, rtol=0), name
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_an_evaluation_that_does_not_divide_among_the_ranks_finishes_with_one_ranks_losses(
+        data_dir, tmp_path, launch, parallelism):
+    """3 evaluation batches on 2 ranks: FSDP gathers weights in every forward, so both ranks must run
+    as many (a hang otherwise); the losses are those of one process over the same 3 batches."""
+    args = [*TINY, "--eval_iters=3", f"--data_dir={data_dir}"]
+    out = torchrun("tests/distributed_worker.py", *args, f"--parallelism={parallelism}",
+                   f"--out_dir={tmp_path / 'ranks'}", timeout=90)
+    one = launch("train.py", *args, "--gradient_accumulation_steps=2", f"--out_dir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr
+    evaluations = [re.findall(r"^iter 4: train loss ([\d.]+), val loss ([\d.]+)", text, re.M) for text in (out, one.stdout)]
+    assert evaluations[1] and len(evaluations[0]) == 1, (out, one.stdout)
+    for ranks, alone in zip(map(float, evaluations[0][0]), map(float, evaluations[1][0])):
+        assert abs(ranks - alone) < 1e-4, evaluations
 
 
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():

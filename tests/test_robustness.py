@@ -11,9 +11,11 @@ About temporary files: save_checkpoint writes `.ckpt.pt.tmp<pid>` beside ckpt.pt
 over ckpt.pt. A process killed with SIGKILL mid-save cannot clean up, so that temp file stays
 behind (ckpt.pt itself is intact) until the next save removes it; nothing else may be left."""
 import importlib.util
+import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -333,9 +335,10 @@ main(load_config(TrainConfig, sys.argv[1:]))
 
 
 def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir):
-    """torchrun, 2 ranks (gloo): SIGTERM reaches rank 1 only, during the ranks' agreement at
-    iteration 3, too late for it. It counts at the next agreement (iteration 6): both ranks stop
-    after the same step, rank 0 saves, and both exit 128 + SIGTERM."""
+    """torchrun, 2 ranks (gloo): SIGTERM reaches rank 1 only, during the ranks' first agreement
+    (after iteration 1), too late for it. It counts at the next agreement (iteration 2: the second
+    comes one step after the first, before the pace is known): both ranks stop after the same step,
+    rank 0 saves, and both exit 128 + SIGTERM."""
     out, logs, worker = tmp_path / "out", tmp_path / "logs", tmp_path / "worker.py"
     worker.write_text(SIGNAL_DURING_AGREEMENT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
@@ -348,13 +351,112 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir
              for rank in (0, 1)}  # each rank's own output, apart from torchrun's report
     for rank, output in ranks.items():
         assert "Traceback" not in output["stdout"] + output["stderr"], (rank, output["stderr"][-3000:])
-    assert re.findall(r"saved \S+ \((.*?)\)", ranks[0]["stdout"]) == ["stopped by SIGTERM after iteration 6"], \
+    assert re.findall(r"saved \S+ \((.*?)\)", ranks[0]["stdout"]) == ["stopped by SIGTERM after iteration 2"], \
         ranks[0]["stdout"][-3000:]
-    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 6
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
     assert "--init_from=resume" in ranks[0]["stdout"] and ranks[1]["stdout"] == ""  # only rank 0 speaks
     resume = next(line for line in ranks[0]["stdout"].splitlines() if line.startswith("resume with: "))
     assert resume.startswith(f"resume with: torchrun --standalone --nproc_per_node=2 --log-dir={logs} --redirects=3 "
                              f"{os.path.relpath(worker, ROOT)} "), resume  # torchrun's own options, then the script
+
+
+def torchrun_train(tmp_path, data_dir, *args):
+    """A torchrun job of 2 ranks (gloo) training train.py, started (not waited for); its logs dir."""
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+           "--redirects=3", "train.py", *TINY, "--optimizer=adamw", f"--data_dir={data_dir}",
+           f"--out_dir={tmp_path / 'out'}", "--eval_interval=100000", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True), logs
+
+
+def rank_logs(logs, name):
+    return [next(logs.rglob(f"{rank}/{name}.log")).read_text() for rank in (0, 1)]
+
+
+def test_under_torchrun_the_clock_stops_the_ranks_whatever_log_interval_is(tmp_path, data_dir):
+    """No log line in the run at all: the ranks still agree on the clock every few seconds (and more
+    often as max_seconds nears), so the run stops at 3 s of training, not at its last iteration."""
+    proc, logs = torchrun_train(tmp_path, data_dir, "--max_seconds=3", "--max_iters=1000000", "--log_interval=1000000")
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0, rank_logs(logs, "stderr")
+    done = re.search(r"done: (\d+) iterations in ([\d.]+) s of training", rank_logs(logs, "stdout")[0])
+    assert done and 3 <= float(done.group(2)) < 3.5 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
+
+
+def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_path, data_dir):
+    """A SIGTERM to torchrun itself (which passes it to its workers), with no log line due: within
+    seconds rank 0 saves, prints a resume command that starts with torchrun, and releases the lock."""
+    proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=1000000", "--log_interval=1000000")
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "out" / ".lock").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # training, past the first agreements
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        kill_quietly(proc)
+    stdout = rank_logs(logs, "stdout")[0]
+    assert re.search(r"^saved \S+ \(stopped by SIGTERM after iteration \d+\)$", stdout, re.M), stdout[-2000:]
+    assert re.search(r"^resume with: torchrun --standalone --nproc_per_node=2 .*train\.py .*--init_from=resume$",
+                     stdout, re.M), stdout[-2000:]
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "metrics.jsonl"], "the lock is released"
+    assert all("Traceback" not in text for text in rank_logs(logs, "stderr"))
+
+
+def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_path, data_dir):
+    proc, logs = torchrun_train(tmp_path, data_dir, "--learning_rate=1e9", "--warmup_iters=0", "--max_iters=1000",
+                                "--log_interval=1000000")
+    _, launcher_stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    for stderr in rank_logs(logs, "stderr"):
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+", lines[0]), stderr
+    assert "exitcode: 1" in launcher_stderr  # a fault, not bad input
+
+
+def children(pid):
+    """The processes whose parent is pid (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid):
+    """pid is a process that has not ended (a zombie has: it waits only to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_never_outlive_a_killed_torchrun(tmp_path, data_dir):
+    proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=1000000", "--log_interval=1000000")
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "out" / ".lock").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        workers = children(proc.pid)
+        assert len(workers) == 2, workers
+        proc.kill()  # SIGKILL: torchrun cannot pass anything on
+        proc.communicate(timeout=30)
+        deadline = time.time() + 10
+        while any(map(running, workers)) and time.time() < deadline:
+            time.sleep(0.1)
+        alive = [w for w in workers if running(w)]
+    finally:
+        kill_quietly(proc)
+    for w in alive:
+        os.kill(w, signal.SIGKILL)
+    assert not alive, "workers outlived torchrun"
 
 
 def test_under_torchrun_a_check_only_rank_0_makes_stops_every_rank_with_one_line(tmp_path, data_dir):
@@ -439,6 +541,42 @@ def test_full_disk_at_save_time_keeps_the_previous_checkpoint(tmp_path, data_dir
     assert (out / "ckpt.pt").read_bytes() == before
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
     assert [name for name in os.listdir(out) if name.startswith(".ckpt.pt.tmp")] == []
+
+
+def test_a_resume_whose_metrics_cannot_be_read_warns_once_and_trains(tmp_path, data_dir, launch, trained):
+    out = tmp_path / "out"
+    shutil.copytree(trained, out)
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").mkdir()  # neither read back nor written
+    proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--init_from=resume",
+                  "--max_iters=4", "--log_interval=1")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, describe(proc)
+    assert proc.stdout.count("warning: could not record the metrics") == 1, proc.stdout
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
+
+
+SLOW_PREPARATION = """
+import sys, time
+import data.shakespeare, train
+train.prepare_shakespeare_char = lambda out_dir: (print("preparing", flush=True), time.sleep(60))
+train.main(train.config_from_argv(train.TrainConfig))
+"""
+
+
+def test_ctrl_c_while_the_default_corpus_is_prepared_is_one_line(tmp_path):
+    (tmp_path / "worker.py").write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + SLOW_PREPARATION)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), "--device=cpu"], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for(r"^preparing$")
+        proc.send_signal(signal.SIGINT)
+        rc, _, stderr = lines.finish()
+    finally:
+        kill_quietly(proc)
+    assert rc == 128 + signal.SIGINT and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == [
+        "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 
 
 def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path, data_dir, launch):
@@ -560,6 +698,15 @@ class Ctx:
         torch.save(ckpt, out / "ckpt.pt")
         return out
 
+    def gpt2_dir(self, files, config=None):
+        """A local GPT-2 directory: config.json (a tiny GPT-2's, or config), and files: name -> bytes."""
+        d = self.dir / "gpt2"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config or TINY_GPT2))
+        for name, content in files.items():
+            (d / name).write_bytes(content)
+        return d
+
     def broken_data(self, change):
         d = self.dir / "data"
         prepare_char(TEXT, str(d))
@@ -592,6 +739,7 @@ class Case:
 FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 CUDA = torch.cuda.is_available()
 OUTSIDE = "Zq7€"  # characters that are not in TEXT
+TINY_GPT2 = {"vocab_size": 50257, "n_positions": 64, "n_layer": 1, "n_head": 2, "n_embd": 16}  # a config.json
 assert not set(OUTSIDE) & set(TEXT)
 
 CASES = [
@@ -632,8 +780,32 @@ CASES = [
     Case("meta-unknown-tokenizer", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
         '{"tokenizer": "sentencepiece", "vocab_size": 100}'))), lambda c: [str(c.dir / "data" / "meta.json"),
                                                                            "sentencepiece"]),
-    Case("tokens-outside-the-vocabulary", lambda c: train_args(c, data=c.broken_data(
-        lambda d: open(d / "train.bin", "ab").write(b"\x60\xea"))), lambda c: [str(c.dir / "data" / "train.bin"), "60000"]),
+    Case("data-files-from-different-preparations", lambda c: train_args(c, data=c.broken_data(
+        lambda d: open(d / "train.bin", "ab").write(b"\x60\xea"))),
+         lambda c: [str(c.dir / "data" / "train.bin"), "meta.json says", "different preparations"]),
+    # prepared before meta.json recorded the files: the one pass over them still finds the stray id
+    Case("tokens-outside-the-vocabulary-in-older-data", lambda c: train_args(c, data=c.broken_data(lambda d: (
+        open(d / "train.bin", "ab").write(b"\x60\xea"), (d / "meta.json").write_text(json.dumps(
+            {k: v for k, v in json.loads((d / "meta.json").read_text()).items() if k != "splits"}))))),
+         lambda c: [str(c.dir / "data" / "train.bin"), "60000"]),
+    Case("meta-splits-damaged", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
+        json.dumps({**json.loads((d / "meta.json").read_text()), "splits": {"train": {"tokens": "many"}}})))),
+         lambda c: [str(c.dir / "data" / "meta.json"), "splits"]),
+    Case("init_from-misspelled", lambda c: train_args(c, "--init_from=resum"),
+         lambda c: ["init_from='resum'", "scratch, resume"]),
+    Case("checkpoint-path-is-a-directory", lambda c: (c.dir / "out" / "ckpt.pt").mkdir(parents=True) or train_args(
+        c, "--overwrite=true"), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is a directory, not a checkpoint"]),
+    Case("resume-rng-without-batches", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: ck["rng"].pop("batches"))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "rng lacks batches"]),
+    Case("resume-empty-optimizer-state", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "optimizer", {}))), lambda c: ["the optimizer state lacks state"]),
+    Case("resume-optimizer-state-of-another-model", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "optimizer", {"state": {}, "param_groups": []}))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run"]),
+    Case("resume-config-a-list", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "config", []))), lambda c: ["config is list"]),
+    Case("resume-iter_num-a-string", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
     Case("learning-rate-zero", lambda c: train_args(c, "--learning_rate=0"), lambda c: ["learning_rate", "positive"]),
     Case("resume-a-foreign-checkpoint", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: [ck.pop(k) for k in ("rng", "scaler", "trained_seconds")])), lambda c: ["lacks", "rng", "scaler"]),
@@ -661,6 +833,27 @@ CASES = [
         lambda ck: _set(ck["model_config"], "attention", "fa2"))), lambda c: ["attention='fa2'"]),
     Case("sample-float16-on-a-cpu", lambda c: sample_args(c, "--dtype=float16"),
          lambda c: ["float16 is not supported on CPU", "--dtype=bfloat16"]),
+    Case("sample-init_from-misspelled", lambda c: sample_args(c, "--init_from=gtp2"),
+         lambda c: ["init_from='gtp2'", "gpt2-medium", "owner/model"]),
+    Case("sample-gpt2-dir-with-torn-safetensors", lambda c: sample_args(
+        c, f"--init_from={c.gpt2_dir({'model.safetensors': b'not weights'})}"),
+         lambda c: [str(c.dir / "gpt2" / "model.safetensors"), "cannot be read as weights"]),
+    Case("sample-gpt2-dir-with-a-bin-that-is-no-pickle", lambda c: sample_args(
+        c, f"--init_from={c.gpt2_dir({'pytorch_model.bin': b'PK not a zip'})}"),
+         lambda c: [str(c.dir / "gpt2" / "pytorch_model.bin"), "cannot be read as weights"]),
+    Case("sample-gpt2-config-with-strings", lambda c: sample_args(
+        c, f"--init_from={c.gpt2_dir({}, config={**TINY_GPT2, 'n_layer': 'twelve'})}"),
+         lambda c: [str(c.dir / "gpt2" / "config.json"), "n_layer='twelve'"]),
+    Case("sample-attention-map-a-directory", lambda c: (c.dir / "attn.html").mkdir() or sample_args(
+        c, f"--attention_map={c.dir / 'attn.html'}"), lambda c: [str(c.dir / "attn.html"), "is a directory"]),
+    Case("sample-attention-map-where-nothing-can-be-written", lambda c: sample_args(c, "--attention_map=/proc/attn.html"),
+         lambda c: ["cannot write /proc/attn.html"]),
+    Case("sample-prompt-file-not-text", lambda c: (c.dir / "x.bin").write_bytes(bytes(range(128, 256))) and sample_args(
+        c, f"--start=FILE:{c.dir / 'x.bin'}"), lambda c: [str(c.dir / "x.bin"), "not UTF-8 text"]),
+    Case("sample-more-samples-than-memory", lambda c: sample_args(c, "--num_samples=1000000000000"),
+         lambda c: ["num_samples=1000000000000", "GiB", "fewer --num_samples"]),
+    Case("sample-more-tokens-than-memory", lambda c: sample_args(c, "--max_new_tokens=10000000000000"),
+         lambda c: ["10,000,000,000,001 tokens", "GiB"]),
     Case("sample-temperature-nan", lambda c: sample_args(c, "--temperature=nan"), lambda c: ["temperature", "finite"]),
     Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
          lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
@@ -824,6 +1017,16 @@ def test_the_time_a_process_waits_for_a_cpu_is_measured():
     assert proc.returncode == 0, proc.stderr
     shared, alone = map(float, proc.stdout.split())
     assert 0.3 < shared < 0.7 and alone < 0.05, (shared, alone)
+
+
+@pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json"])
+def test_a_damaged_cpu_peak_file_costs_a_measurement_not_the_run(tmp_path, monkeypatch, content):
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    (tmp_path / "peak.json").write_text(content.replace('"any"', json.dumps(
+        f"{hardware.cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.float32}")))
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
+    assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
 
 
 def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):
