@@ -37,7 +37,7 @@ from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
                          relaunch_command)
 from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
-from log import TrainingLog
+from log import OutputThatMayClose, TrainingLog
 from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
                    is_pretrained_source)
 from optim import configure_optimizers, lr_multiplier, set_lr
@@ -122,6 +122,7 @@ def model_config(cfg, vocab_size):
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped)."""
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
+    stop.watch_output()
     try:
         error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
@@ -473,21 +474,28 @@ def train_step(state, wrapped_model, cfg, setup, multiplier):
 
 
 class StopRequest:
-    """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step."""
+    """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step.
+    From watch_output(): a reader of stdout that goes away (python train.py | head) is a stop request
+    too (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training."""
 
     def __init__(self):
-        self.signum, self.previous = 0, {}
+        self.signum, self.previous, self.stdout = 0, {}, None
 
     def start(self):
         self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def watch_output(self):
+        self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, lambda: self.request(signal.SIGPIPE, None))
 
     def request(self, signum, frame):
         self.signum = signum
 
     def release(self):
-        """Put back the handlers that were there before start()."""
+        """Put back the handlers, and stdout, that were there before."""
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+        if self.stdout is not None:
+            sys.stdout = self.stdout
 
 
 def save(state, cfg, meta, setup, reason, final=False):

@@ -555,6 +555,25 @@ def test_a_resume_whose_metrics_cannot_be_read_warns_once_and_trains(tmp_path, d
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
 
 
+def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, data_dir):
+    """python train.py | head -1: once the reader has gone, the run stops as on a signal (SIGPIPE),
+    saves, and exits 128 + SIGPIPE, as a Unix tool does; no BrokenPipeError."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}",
+                             "--max_iters=100000", "--log_interval=1", "--eval_interval=100000"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()  # as head -1 does
+        proc.wait(timeout=60)
+        stderr = proc.stderr.read()
+    finally:
+        kill_quietly(proc)
+    assert "parameters" in first
+    assert proc.returncode == 128 + signal.SIGPIPE and "Traceback" not in stderr and "Broken" not in stderr, stderr
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
+
+
 SLOW_PREPARATION = """
 import sys, time
 import data.shakespeare, train
