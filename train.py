@@ -43,6 +43,7 @@ from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activatio
 from optim import configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
+EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
 
 
 @dataclass
@@ -368,30 +369,58 @@ def compile_model(model, cfg, setup):
 
 
 @torch.no_grad()
-def evaluate(model, data, cfg, setup):
-    """Mean loss over the same eval_iters batches of each split every time, shared out between ranks:
+def evaluation_batches(model, data, cfg, setup):
+    """How many batches per split an evaluation takes: eval_iters, or under a time budget as many as
+    run in EVAL_SHARE of max_seconds for both splits together (a note says so), timed on one batch
+    here, before the clock starts; the slowest rank's time decides, so that all take as many."""
+    if cfg.max_seconds <= 0:
+        return cfg.eval_iters
+    x, y = Batches(data.val, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device).load(
+        torch.zeros(cfg.batch_size, dtype=torch.long))
+    model.eval()
+    with torch.no_grad(), setup.autocast():
+        model(x, y)  # the first call of a shape costs extra
+        started = time.time()
+        model(x, y)[1].item()
+        seconds = torch.tensor(time.time() - started, dtype=torch.float64, device=setup.device)
+    model.train()
+    if setup.distributed:
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+    rounds = max(1, int(EVAL_SHARE * cfg.max_seconds / (2 * seconds.item())))  # forwards per rank and split
+    n_batches = min(cfg.eval_iters, rounds * setup.world_size)
+    if n_batches < cfg.eval_iters and setup.master:
+        print(f"note: an evaluation of 2 x {cfg.eval_iters} batches would take "
+              f"~{2 * -(-cfg.eval_iters // setup.world_size) * seconds.item():.0f} s, more than {EVAL_SHARE:.0%} of "
+              f"max_seconds={cfg.max_seconds:g}; each evaluation takes 2 x {n_batches} (--eval_iters asks for fewer, "
+              "--max_seconds=0 for all)")
+    return n_batches
+
+
+def evaluate(model, data, cfg, setup, n_batches=None):
+    """Mean loss over the same n_batches (eval_iters) batches of each split every time, shared out between ranks:
     rank r takes batches r, r + world_size, ... Every rank runs as many forwards (FSDP gathers the
     weights in each, with all ranks), the last one a repeat that counts for nothing where the batches
     do not divide evenly."""
+    n_batches = n_batches or cfg.eval_iters
     model.eval()
     losses = {}
-    rounds = -(-cfg.eval_iters // setup.world_size)
+    rounds = -(-n_batches // setup.world_size)
     for split, tokens in (("train", data.train), ("val", data.val)):
         eval_batches = Batches(tokens, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device)
-        offsets = eval_batches.offsets(cfg.eval_iters)
+        offsets = eval_batches.offsets(n_batches)
         total = torch.zeros((), device=setup.device)
         # a bar only where someone watches: a terminal, and evaluations long enough to wait for
         for r in tqdm(range(rounds), desc=f"eval {split}", leave=False, mininterval=1.0,
                       disable=not (setup.master and sys.stderr.isatty())):
             k = r * setup.world_size + setup.rank
-            x, y = eval_batches.load(offsets[min(k, cfg.eval_iters - 1)])
+            x, y = eval_batches.load(offsets[min(k, n_batches - 1)])
             with setup.autocast():
                 loss = model(x, y)[1].float()
-            if k < cfg.eval_iters:
+            if k < n_batches:
                 total += loss
         if setup.distributed:
             torch.distributed.all_reduce(total)
-        losses[split] = total.item() / cfg.eval_iters
+        losses[split] = total.item() / n_batches
     model.train()
     return losses
 
@@ -401,6 +430,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     stop at max_iters, at max_seconds of training, or on a signal."""
     start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
     agreements = AgreementSchedule(cfg.max_seconds)
+    n_eval = evaluation_batches(state.model, data, cfg, setup)
     logger.open(state.iter_num)
     stop.start()
     state.clock.start()
@@ -409,7 +439,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
             fail_together(logger.nonfinite(state.iter_num), status=1)
             with state.clock.paused():  # evaluating, saving and drawing are not training time
-                losses = evaluate(state.model, data, cfg, setup)
+                losses = evaluate(state.model, data, cfg, setup, n_eval)
                 state.best_val_loss = min(state.best_val_loss, losses["val"])
                 save(state, cfg, data.meta, setup, "evaluation", final=last)
                 logger.evaluation(state.iter_num, losses, elapsed)

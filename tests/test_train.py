@@ -220,6 +220,20 @@ def tiny_config(data_dir, out_dir, **overrides):
                                  out_dir=str(out_dir)), **overrides})
 
 
+def test_under_a_time_budget_an_evaluation_takes_at_most_a_tenth_of_it(tmp_path, data_dir, capsys):
+    """eval_iters=100000 batches would take minutes; under max_seconds=2 each evaluation is cut to what
+    runs in 0.2 s, with a note that says so, and the whole run stays near its budget."""
+    import train
+    started = time.time()
+    train.main(tiny_config(data_dir, tmp_path / "out", compile=False, max_seconds=2, max_iters=10**9,
+                           eval_iters=100000, eval_interval=10**9))
+    wall = time.time() - started
+    note = re.search(r"^note: an evaluation of 2 x 100000 batches .*each evaluation takes 2 x (\d+) ",
+                     capsys.readouterr().out, re.M)
+    assert note and 1 <= int(note.group(1)) < 100000, note
+    assert wall < 2 + 2 * 0.2 + 3, wall  # training, its one evaluation at the end, and set-up
+
+
 @pytest.mark.compiles
 def test_the_default_compiles_before_the_clock_starts(tmp_path, data_dir, monkeypatch, capsys):
     """Compiling, however long it takes, is not training time: a 2 s compile leaves a 3-step run's clock
