@@ -46,6 +46,7 @@ class SampleConfig:
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
+    compile: bool = False  # torch.compile the model for decoding: faster per token, after a first compile of ~10-40 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
     attention_layer: int = 0  # the layer drawn large in the attention map
     attention_head: int = 0  # the head drawn large in the attention map
@@ -94,6 +95,8 @@ def main(cfg):
     # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
     # bytes in bf16, where autocast would cast every fp32 weight again for every token
     model.eval().to(device=device, dtype=dtype)
+    if cfg.compile and not cfg.attention_map:
+        compile_for_decoding(model, ids)
     if cfg.attention_map:
         draw_attention(model, tokenizer, ids, cfg)
     else:
@@ -127,6 +130,22 @@ def check_fits(model, cfg, n_prompt, device, dtype):
         raise ValueError(f"num_samples={cfg.num_samples} x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB "
                          f"for their tokens and KV cache; this {device.split(':')[0]} has {memory / 2**30:,.0f} GiB: "
                          "ask for fewer --num_samples or --max_new_tokens")
+
+
+def compile_for_decoding(model, ids):
+    """torch.compile the model's forward with dynamic shapes (the cache grows by one key per token),
+    compiled now for each shape it meets: a first token alone, a longer prompt (or the cache's refill
+    when the window moves), and a token after cached ones. Inductor keeps what it compiled on disk,
+    so the next run compiles in seconds (bench/sample.py --compile=true measures both)."""
+    print("compiling the model for decoding (the first run on a machine takes longest)", file=sys.stderr, flush=True)
+    model.compile(dynamic=True)
+    device = next(model.parameters()).device
+    try:
+        for prompt in ((ids * 2)[:1], (ids * 2)[:2]):
+            model.generate(torch.tensor([prompt], device=device), 2, temperature=0)
+    except Exception as e:  # inductor's errors have many types: no C++ compiler, an unsupported op, ...
+        fail(f"--compile=true: torch.compile failed here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+             "sample with --compile=false", status=1)
 
 
 def load_model(cfg):

@@ -45,6 +45,7 @@ import functools
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,6 +76,7 @@ REQUIRED_MIN_BLOCK = 256
 REQUIRED_VS_NANOGPT = 3.0  # model.generate >= 3x nanoGPT's loop for that model at nanoGPT's block_size 64
 REQUIRED_VS_TRANSFORMERS = 1.5  # model.generate >= 1.5x transformers' generate, GPT-2 124M, same dtype
 SHAPE = ("n_layer", "n_head", "n_embd")
+OURS = ("kv_cache", "kv_cache_compiled")  # model.generate, eager and compiled for decoding (--compile=true)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class SampleBench:
     warmup_tokens: int = 32  # each path generates this many untimed first
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # the weights' precision, as sample.py casts them (auto: what sample.py picks here)
+    compile: bool = False  # also time kv_cache_compiled: the model compiled for decoding, as sample.py --compile=true
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the random weights, the prompt and every run's generator
     profile: int = 0  # > 0: then profile this many new tokens of each path: ops per token and where the time goes
@@ -188,14 +191,20 @@ def generate_path(path, n, temperature, *, models, prompt, seed, device):
         return nanogpt_generate(models[path], prompt, n, max(temperature, 1e-6), gen)
     if path.startswith("transformers"):
         return transformers_generate(models[path], prompt, n)
-    return models["kv_cache"].generate(prompt, n, temperature=temperature, use_kv_cache=path == "kv_cache",
-                                       generator=gen)
+    return models[path.replace("no_cache", "kv_cache")].generate(prompt, n, temperature=temperature,
+                                                                use_kv_cache=path != "no_cache", generator=gen)
 
 
-def time_paths(cfg, generate, paths, device):
-    """{path: {"time": summary, "tokens_per_s"}}, the paths interleaved for cfg.repeats rounds after a warm-up."""
+def time_paths(cfg, generate, paths, device, block_size):
+    """{path: {"time": summary, "tokens_per_s", "warmup_s"}}, the paths interleaved for cfg.repeats rounds
+    after a warm-up; the compiled path's warm-up holds its compile (the first time on a machine)."""
+    warmup = {}
     for path in paths:
-        generate(path, min(cfg.warmup_tokens, cfg.max_new_tokens), cfg.temperature)
+        # the compiled path also past a window's end, whose refill of the cache is another shape to compile
+        n = max(cfg.warmup_tokens, block_size + 1) if path == "kv_cache_compiled" else cfg.warmup_tokens
+        started = time.perf_counter()
+        generate(path, min(n, cfg.max_new_tokens), cfg.temperature)
+        warmup[path] = time.perf_counter() - started
     samples = {path: [] for path in paths}
     for _ in range(cfg.repeats):
         for path in paths:
@@ -203,14 +212,13 @@ def time_paths(cfg, generate, paths, device):
     results = {}
     for path in paths:
         s = summary(samples[path])
-        results[path] = {"time": s, "tokens_per_s": cfg.max_new_tokens / s["median"]}
+        results[path] = {"time": s, "tokens_per_s": cfg.max_new_tokens / s["median"], "warmup_s": warmup[path]}
     return results
 
 
-def greedy_check(cfg, generate, other):
-    """(same tokens at temperature 0 from model.generate and the path `other`?, the first new token that
-    differs or None)."""
-    ours = generate("kv_cache", cfg.max_new_tokens, 0.0)
+def greedy_check(cfg, generate, mine, other):
+    """(same tokens at temperature 0 from the paths mine and other?, the first new token that differs or None)."""
+    ours = generate(mine, cfg.max_new_tokens, 0.0)
     theirs = generate(other, cfg.max_new_tokens, 0.0)
     if torch.equal(ours, theirs):
         return True, None
@@ -257,6 +265,9 @@ def check_requirements(c, cfg, device_type, ratios):
                          "kv_cache_vs_nanogpt": (REQUIRED_VS_NANOGPT, c.block_size == block, f"block_size {block}")},
              "transformers": {"kv_cache_vs_transformers": (REQUIRED_VS_TRANSFORMERS, True, "the same dtype")}}
     requirements = {}
+    for name, goal in list(goals[cfg.reference].items()):  # the same goals for the compiled decode, if timed
+        if name.replace("kv_cache", "kv_cache_compiled") in ratios:
+            goals[cfg.reference][name.replace("kv_cache", "kv_cache_compiled")] = goal
     for name, (minimum, applies, condition) in goals[cfg.reference].items():
         r = requirements[name] = {"min": minimum, "value": ratios[name], "applies": as_stated and applies,
                                   "stated": condition, "holds": ratios[name] >= minimum}
@@ -281,6 +292,9 @@ def build_paths(cfg, device, device_type):
         models.pop("transformers_fp32", None)  # the same run as "transformers"
     for path, model in models.items():
         model.eval().to(device=device, dtype=torch.float32 if path == "transformers_fp32" else dtype)
+    if cfg.compile:  # a copy, so that the other paths stay eager
+        models["kv_cache_compiled"] = copy.deepcopy(models["kv_cache"])
+        models["kv_cache_compiled"].compile(dynamic=True)
     return models, source, dtype
 
 
@@ -302,23 +316,28 @@ def main(cfg):
     prompt = torch.randint(c.vocab_size, (1, cfg.prompt_len), generator=g).to(device)
     generate = functools.partial(generate_path, models=models, prompt=prompt, seed=cfg.seed, device=device)
     paths = tuple(models)
-    results = time_paths(cfg, generate, paths, device)
+    results = time_paths(cfg, generate, paths, device, c.block_size)
     reference = "nanogpt" if cfg.reference == "nanogpt" else "transformers"
-    ratios = {f"kv_cache_vs_{path}": results["kv_cache"]["tokens_per_s"] / results[path]["tokens_per_s"]
-              for path in paths if path != "kv_cache"}
+    ours = [path for path in OURS if path in paths]
+    ratios = {f"{mine}_vs_{path}": results[mine]["tokens_per_s"] / results[path]["tokens_per_s"]
+              for mine in ours for path in paths if path not in OURS}
     same_as = "no_cache" if cfg.reference == "nanogpt" else "transformers"
-    same, first_diff = greedy_check(cfg, generate, same_as)
+    checks = [greedy_check(cfg, generate, mine, same_as) for mine in ours]
+    same, first_diff = all(ok for ok, _ in checks), next((d for ok, d in checks if not ok), None)
 
     print()
     print(md_table(["path", "tokens/s", "median s", "min-max s", f"vs {reference}"],
                    [[name, f"{r['tokens_per_s']:,.0f}", fmt(r["time"]["median"], ".3f"),
                      f"{r['time']['min']:.3f}-{r['time']['max']:.3f}",
                      f"{r['tokens_per_s'] / results[reference]['tokens_per_s']:.2f}x"] for name, r in results.items()]))
-    print(f"(median of {cfg.repeats} interleaved runs) model.generate vs " +
-          "; vs ".join(f"{k.removeprefix('kv_cache_vs_')}: {v:.2f}x" for k, v in ratios.items()))
+    print(f"(median of {cfg.repeats} interleaved runs) " + "; ".join(f"{k.replace('_vs_', ' vs ')}: {v:.2f}x"
+                                                                        for k, v in ratios.items()))
+    if "kv_cache_compiled" in results:
+        print(f"kv_cache_compiled's warm-up tokens, with its compile: "
+              f"{results['kv_cache_compiled']['warmup_s']:.1f} s (the first run on a machine compiles longest)")
     requirements = check_requirements(c, cfg, device_type, ratios)
     profiles = profile_paths(cfg, generate, paths, device) if cfg.profile else None
-    print(f"greedy (temperature 0) tokens of model.generate identical to {same_as}'s: {'yes' if same else 'NO'}"
+    print(f"greedy (temperature 0) tokens of {' and '.join(ours)} identical to {same_as}'s: {'yes' if same else 'NO'}"
           + ("" if same else f" (first difference at new token {first_diff})"))
     name = "sample" if cfg.reference == "nanogpt" else "sample-transformers"
     out = cfg.out or default_out(name, device)

@@ -296,6 +296,21 @@ def test_train_py_compiles_by_default_and_trains(tmp_path, data_dir, launch):
     assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
 
 
+@pytest.mark.compiles
+def test_sample_py_compiled_for_decoding_writes_what_it_writes_uncompiled(tmp_path, data_dir, launch):
+    """--compile=true compiles every shape decoding meets before the prompt prints, then samples the
+    very tokens the uncompiled model samples (same seed), past the window's end (block_size 8)."""
+    out = tmp_path / "out"
+    check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=20"))
+    args = ["sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=30", "--num_samples=2"]
+    eager = check_ok(launch(*args))
+    env_free = {k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"}
+    compiled = check_ok(subprocess.run([sys.executable, *args, "--compile=true"], cwd=ROOT, env=env_free,
+                                       capture_output=True, text=True, timeout=300))
+    assert "compiling the model for decoding" in compiled.stderr
+    assert compiled.stdout == eager.stdout and eager.stdout.count("---------------") == 2
+
+
 # ---- B. configuration -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
