@@ -1,8 +1,8 @@
 """
 What torchrun's processes agree on, so that none is left waiting for the others: a verdict on bad
 input or a fault, when to stop (a signal, the clock, a non-finite loss) and how often to ask, and
-leaving the process group. In a single process each
-of these is what that one process says.
+leaving the process group; and a worker's tie to torchrun. In a single process each of these is
+what that one process says.
 """
 import ctypes
 import os

@@ -378,7 +378,7 @@ def evaluation_batches(model, data, cfg, setup):
     x, y = Batches(data.val, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device).load(
         torch.zeros(cfg.batch_size, dtype=torch.long))
     model.eval()
-    with torch.no_grad(), setup.autocast():
+    with setup.autocast():
         model(x, y)  # the first call of a shape costs extra
         started = time.time()
         model(x, y)[1].item()
@@ -396,11 +396,12 @@ def evaluation_batches(model, data, cfg, setup):
     return n_batches
 
 
+@torch.no_grad()
 def evaluate(model, data, cfg, setup, n_batches=None):
-    """Mean loss over the same n_batches (eval_iters) batches of each split every time, shared out between ranks:
-    rank r takes batches r, r + world_size, ... Every rank runs as many forwards (FSDP gathers the
-    weights in each, with all ranks), the last one a repeat that counts for nothing where the batches
-    do not divide evenly."""
+    """Mean loss over the same n_batches (default eval_iters) batches of each split every time, shared
+    out between ranks: rank r takes batches r, r + world_size, ... Every rank runs as many forwards
+    (FSDP gathers the weights in each, with all ranks), the last one a repeat that counts for nothing
+    where the batches do not divide evenly."""
     n_batches = n_batches or cfg.eval_iters
     model.eval()
     losses = {}

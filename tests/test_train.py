@@ -220,6 +220,17 @@ def tiny_config(data_dir, out_dir, **overrides):
                                  out_dir=str(out_dir)), **overrides})
 
 
+def test_evaluations_build_no_autograd_graph(tmp_path, data_dir, monkeypatch):
+    """Every forward in eval mode (evaluations, and timing one under a budget) runs without autograd."""
+    import train
+    from model import GPT
+    seen, forward = set(), GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: seen.add((self.training, torch.is_grad_enabled()))
+                        or forward(self, *a, **k))
+    train.main(tiny_config(data_dir, tmp_path / "out", compile=False, max_seconds=1, max_iters=4, eval_interval=2))
+    assert seen == {(True, True), (False, False)}, seen
+
+
 def test_under_a_time_budget_an_evaluation_takes_at_most_a_tenth_of_it(tmp_path, data_dir, capsys):
     """eval_iters=100000 batches would take minutes; under max_seconds=2 each evaluation is cut to what
     runs in 0.2 s, with a note that says so, and the whole run stays near its budget."""
