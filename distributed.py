@@ -44,8 +44,8 @@ def agree_on_stop(signum, elapsed, failed, device):
 
 class AgreementSchedule:
     """The iterations at which torchrun's ranks agree (agree_on_stop): about every AGREE_SECONDS of
-    training whatever log_interval is, and not past max_seconds, from the pace between the last two
-    agreements. Every rank computes it from the same agreed numbers, so all pick the same iteration;
+    training whatever log_interval is, and more often as max_seconds nears, from the pace between the
+    last two agreements. Every rank computes it from the same agreed numbers, so all pick the same iteration;
     no host sync happens in between."""
 
     def __init__(self, max_seconds):
@@ -58,7 +58,8 @@ class AgreementSchedule:
         step = 1
         if self.last is not None and iter_num > self.last[0] and elapsed > self.last[1]:
             per_iter = (elapsed - self.last[1]) / (iter_num - self.last[0])
-            left = self.max_seconds - elapsed if self.max_seconds > 0 else AGREE_SECONDS
+            # half the time left, near the end: a pace that slows cannot carry the run far past max_seconds
+            left = (self.max_seconds - elapsed) / 2 if self.max_seconds > 0 else AGREE_SECONDS
             step = max(1, int(min(AGREE_SECONDS, left) / per_iter))
         self.last, self.next_iter = (iter_num, elapsed), iter_num + step
 
@@ -98,6 +99,20 @@ def die_with_launcher():
         return
     if os.getppid() == 1:  # torchrun ended before the call took effect
         os._exit(1)
+
+
+def stop_if_a_peer_is_gone(error):
+    """Under torchrun, if error says another rank has gone (gloo: its connection closed; NCCL: the
+    backend's error), exit now with one line that says so: the one who died has its own log, and
+    nothing here can finish (a save or a barrier would wait for it)."""
+    text = str(error)
+    if not torch.distributed.is_initialized() or not (
+            isinstance(error, torch.distributed.DistError) or "closed by peer" in text or "reset by peer" in text):
+        return
+    sys.stderr.write(f"error: another process of this torchrun job stopped, so this one cannot go on "
+                     f"({text.splitlines()[0][-120:]}); that process's log says why\n")
+    sys.stderr.flush()
+    os._exit(1)  # not sys.exit: the finally blocks would reach for the group the dead rank left
 
 
 def leave_process_group():

@@ -35,7 +35,7 @@ from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
-                         relaunch_command)
+                         relaunch_command, stop_if_a_peer_is_gone)
 from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
 from log import OutputThatMayClose, TrainingLog
 from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
@@ -149,7 +149,11 @@ def main(cfg):
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
         else:
-            train(cfg, setup, data, state, wrap_model(cfg, setup, model), logger, stop)
+            try:
+                train(cfg, setup, data, state, wrap_model(cfg, setup, model), logger, stop)
+            except RuntimeError as e:
+                stop_if_a_peer_is_gone(e)
+                raise
         return model
     finally:
         stop.release()

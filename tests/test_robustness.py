@@ -360,11 +360,11 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir
                              f"{os.path.relpath(worker, ROOT)} "), resume  # torchrun's own options, then the script
 
 
-def torchrun_train(tmp_path, data_dir, *args):
-    """A torchrun job of 2 ranks (gloo) training train.py, started (not waited for); its logs dir."""
+def torchrun_train(tmp_path, data_dir, *args, script="train.py"):
+    """A torchrun job of 2 ranks (gloo) training with script, started (not waited for); its logs dir."""
     logs = tmp_path / "logs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
-           "--redirects=3", "train.py", *TINY, "--optimizer=adamw", f"--data_dir={data_dir}",
+           "--redirects=3", str(script), *TINY, "--optimizer=adamw", f"--data_dir={data_dir}",
            f"--out_dir={tmp_path / 'out'}", "--eval_interval=100000", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True), logs
@@ -414,6 +414,36 @@ def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_pat
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+", lines[0]), stderr
     assert "exitcode: 1" in launcher_stderr  # a fault, not bad input
+
+
+FAULT_ON_RANK_1 = """
+import torch.distributed as dist
+import train
+real_step = train.train_step
+
+
+def step(state, *args, **kwargs):  # a bug that only rank 1 meets
+    if dist.get_rank() == 1 and state.iter_num == 3:
+        raise RuntimeError("a fault on rank 1")
+    return real_step(state, *args, **kwargs)
+
+
+train.train_step = step
+train.main(train.config_from_argv(train.TrainConfig))
+"""
+
+
+def test_when_a_rank_dies_of_a_fault_the_other_stops_at_once_with_one_line(tmp_path, data_dir):
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + FAULT_ON_RANK_1)
+    started = time.time()
+    proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=1000000", "--log_interval=1000000", script=worker)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0 and time.time() - started < 60
+    survivor, faulty = rank_logs(logs, "stderr")
+    assert "RuntimeError: a fault on rank 1" in faulty  # a fault: its traceback is the bug report
+    lines = [line for line in survivor.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: another process of this torchrun job stopped"), survivor
 
 
 def children(pid):
