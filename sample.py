@@ -71,6 +71,12 @@ class SampleConfig:
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
 
+    def new_tokens(self):
+        """max_new_tokens, or where it is not given 500 per sample, or a page's line of at most PAGE_NEW_TOKENS."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return PAGE_NEW_TOKENS if self.attention_map.lower().endswith(".html") else SAMPLE_NEW_TOKENS
+
 
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
@@ -118,7 +124,7 @@ def read_prompt(start):
 def check_fits(model, cfg, n_prompt, device, dtype):
     """ValueError if the batch cannot be held: the tokens of every sample, and their KV cache (two
     tensors per layer of num_samples x block_size x n_embd), against the device's memory."""
-    c, new = model.config, SAMPLE_NEW_TOKENS if cfg.max_new_tokens is None else cfg.max_new_tokens
+    c, new = model.config, cfg.new_tokens()
     needed = cfg.num_samples * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
     if device.startswith("cuda"):
         memory = torch.cuda.mem_get_info(device)[1]
@@ -200,7 +206,7 @@ def continuation(model, tokenizer, ids, cfg):
     given = cfg.max_new_tokens is not None
     new = []
     for token in model.stream(torch.tensor([ids], device=device),
-                              cfg.max_new_tokens if given else min(PAGE_NEW_TOKENS, model.config.block_size),
+                              cfg.new_tokens() if given else min(cfg.new_tokens(), model.config.block_size),
                               cfg.temperature, cfg.top_k, cfg.top_p, generator=generator,
                               vocab_size=tokenizer.vocab_size):
         new.append(token.item())
@@ -217,8 +223,7 @@ def write_samples(model, tokenizer, prompt, ids, cfg):
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
     new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
     sys.stdout.write(prompt)
-    n = SAMPLE_NEW_TOKENS if cfg.max_new_tokens is None else cfg.max_new_tokens
-    for tokens in model.stream(idx, n, cfg.temperature, cfg.top_k, cfg.top_p,
+    for tokens in model.stream(idx, cfg.new_tokens(), cfg.temperature, cfg.top_k, cfg.top_p,
                                cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
         new.append(tokens)  # (num_samples, 1)
         pending.append(tokens[0, 0].item())
