@@ -492,9 +492,16 @@ def test_sampling_on_a_cpu_runs_bf16_weights_only_once_they_outgrow_its_cache(mo
     assert hardware.pick_dtype("auto", "cpu", n_params=10**9) == torch.float32
 
 
-def test_the_largest_cache_is_read_from_sysfs():
+def test_the_largest_cache_is_read_from_sysfs(tmp_path, monkeypatch):
     import hardware
-    assert hardware.last_level_cache_bytes() >= 2**20  # every CPU this runs on has a MiB of cache or more
+    for index, (level, size) in enumerate([(1, "48K"), (2, "1024K"), (3, "12M")]):  # as Linux lists them
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{index}" / "size").write_text(f"{size}\n")
+    monkeypatch.setattr(hardware.glob, "glob", lambda pattern: sorted(map(str, tmp_path.glob("index*"))))
+    assert hardware.last_level_cache_bytes.__wrapped__() == 12 * 2**20
+    monkeypatch.setattr(hardware.glob, "glob", lambda pattern: [])  # no sysfs (macOS)
+    assert hardware.last_level_cache_bytes.__wrapped__() == 32 * 2**20
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
