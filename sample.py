@@ -46,7 +46,7 @@ class SampleConfig:
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
-    compile: bool = False  # torch.compile the model for decoding: faster per token, after a first compile of ~10-40 s
+    compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once, later ~10-25 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
     attention_layer: int = 0  # the layer drawn large in the attention map
     attention_head: int = 0  # the head drawn large in the attention map
@@ -102,7 +102,7 @@ def main(cfg):
     # bytes in bf16, where autocast would cast every fp32 weight again for every token
     model.eval().to(device=device, dtype=dtype)
     if cfg.compile and not cfg.attention_map:
-        compile_for_decoding(model, ids)
+        compile_and_warm_up(model, ids)
     if cfg.attention_map:
         draw_attention(model, tokenizer, ids, cfg)
     else:
@@ -138,13 +138,32 @@ def check_fits(model, cfg, n_prompt, device, dtype):
                          "ask for fewer --num_samples or --max_new_tokens")
 
 
-def compile_for_decoding(model, ids):
-    """torch.compile the model's forward with dynamic shapes (the cache grows by one key per token),
-    compiled now for each shape it meets: a first token alone, a longer prompt (or the cache's refill
-    when the window moves), and a token after cached ones. Inductor keeps what it compiled on disk,
-    so the next run compiles in seconds (bench/sample.py --compile=true measures both)."""
-    print("compiling the model for decoding (the first run on a machine takes longest)", file=sys.stderr, flush=True)
+# At one token per forward every matmul is a matrix-vector product, whose time is the time to read the
+# weights: inductor's decompose_mm_pass turns each into a fused multiply-and-sum, which reads them at the
+# memory's full speed and fuses the small ops around them (bench/README.md: GPT-2 124M decodes ~2x
+# faster with it than without). On a CPU the pass takes matrices up to 2048 wide; the limit is lifted
+# so that the MLP and the head (vocab_size rows) go the same way. GPUs keep their matmuls (the pass
+# leaves one row to cuBLAS there).
+DECODE_MM_PASS = {"cpu_max_other_dimension_decomposition": 2**31}
+
+
+def compile_for_decoding(model):
+    """torch.compile the model's forward with dynamic shapes, so one graph serves the cache as it grows
+    by a key per token; compiled lazily, on the first forward of each shape. Inductor reads the pass's
+    limits when it first compiles in a process, so they go in its config, not in this compile's options."""
+    import torch._inductor.config as inductor_config  # here: importing it costs ~0.7 s, needed only to compile
+
+    inductor_config.post_grad_fusion_options["decompose_mm_pass"] = DECODE_MM_PASS
     model.compile(dynamic=True)
+
+
+def compile_and_warm_up(model, ids):
+    """compile_for_decoding, compiled now for each shape decoding meets: a first token alone, a longer
+    prompt (or the cache's refill when the window moves), and a token after cached ones. Inductor keeps
+    what it compiled on disk, so the next run compiles in seconds (bench/sample.py --compile=true
+    measures both)."""
+    print("compiling the model for decoding (the first run on a machine takes longest)", file=sys.stderr, flush=True)
+    compile_for_decoding(model)
     device = next(model.parameters()).device
     try:
         for prompt in ((ids * 2)[:1], (ids * 2)[:2]):

@@ -63,6 +63,7 @@ from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
 from hardware import DType
 from model import GPT
+from sample import compile_for_decoding
 from train import TrainConfig, model_config
 
 # Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
@@ -294,7 +295,7 @@ def build_paths(cfg, device, device_type):
         model.eval().to(device=device, dtype=torch.float32 if path == "transformers_fp32" else dtype)
     if cfg.compile:  # a copy, so that the other paths stay eager
         models["kv_cache_compiled"] = copy.deepcopy(models["kv_cache"])
-        models["kv_cache_compiled"].compile(dynamic=True)
+        compile_for_decoding(models["kv_cache_compiled"])
     return models, source, dtype
 
 

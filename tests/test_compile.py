@@ -1,7 +1,12 @@
-"""Opt-in (cold compiles cost ~30 s): python -m pytest -m slow"""
+"""torch.compile itself. The slow ones are opt-in (cold compiles cost ~30 s): python -m pytest -m slow"""
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
+from helpers import ENV, ROOT, check_ok
 from model import GPT, GPTConfig
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")
@@ -38,3 +43,25 @@ def test_compiled_model_trains_like_eager(device, attention, dtype, tolerance):
     assert losses["eager"][1] != losses["eager"][0]  # the step did something
     for a, b in zip(losses["eager"], losses["compiled"]):
         assert abs(a - b) < tolerance, losses
+
+
+@pytest.mark.compiles
+def test_compiled_decoding_reads_every_weight_as_a_fused_reduction():
+    """sample.py --compile=true: a one-token forward has no matmul call left, the head (4096 rows, past
+    the decomposition pass's own 2048 limit) included; the matrix-vector products are fused reductions.
+    A fresh process, as sample.py is: inductor reads the pass's limits when it first compiles."""
+    script = textwrap.dedent("""
+        import torch
+        from torch._inductor.utils import run_and_get_code
+        from model import GPT, GPTConfig
+        from sample import compile_for_decoding
+        model = GPT(GPTConfig(vocab_size=4096, block_size=16, n_layer=1, n_head=2, n_embd=32)).eval()
+        compile_for_decoding(model)
+        with torch.inference_mode():
+            print(*run_and_get_code(model, torch.zeros(1, 1, dtype=torch.long))[1], sep="\\n")
+    """)
+    env = {k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"}
+    code = check_ok(subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                                   text=True, timeout=300)).stdout
+    assert "def call" in code  # inductor's generated module, not an eager fallback
+    assert not any(f"extern_kernels.{mm}(" in code for mm in ("mm", "addmm", "bmm")), code
