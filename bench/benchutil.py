@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -146,10 +147,27 @@ def profiled(fn, device):
     return wall, prof
 
 
+# inductor's C++ kernels, as they report to the profiler: "graph_0_cpp_fused__softmax_div_masked_fill_3"
+INDUCTOR_KERNEL = re.compile(r"graph_\d+_(cpp_fused_\w+)")
+
+
+def show_compiled_kernels():
+    """Make the C++ kernels that torch.compile writes from now on report to the profiler, so that time
+    spent inside a compiled model's fused ops is listed by kernel (each call then costs ~1 us more)."""
+    import torch._inductor.config as inductor_config  # only when profiling: its import costs ~0.7 s
+    inductor_config.cpp.enable_kernel_profile = True
+
+
 def top_ops(prof, n):
-    """The n PyTorch ops with the most time of their own, costliest first: {name: microseconds}."""
-    ops = sorted((e for e in prof.key_averages() if e.key.startswith("aten::")), key=lambda e: -e.self_cpu_time_total)
-    return {e.key: e.self_cpu_time_total for e in ops[:n]}
+    """The n PyTorch ops and compiled kernels (show_compiled_kernels) with the most time of their own,
+    costliest first: {name: microseconds}; a kernel is named "inductor:" and the ops it fuses."""
+    times = {}
+    for e in prof.key_averages():
+        kernel = INDUCTOR_KERNEL.fullmatch(e.key)
+        if e.key.startswith("aten::") or kernel:
+            name = f"inductor:{kernel[1].removeprefix('cpp_fused_')}" if kernel else e.key
+            times[name] = times.get(name, 0) + e.self_cpu_time_total
+    return dict(sorted(times.items(), key=lambda kv: -kv[1])[:n])
 
 
 def summary(samples):

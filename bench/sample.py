@@ -57,7 +57,8 @@ import torch.nn.functional as F
 
 from attention import Backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
-                             resolve_device, resolve_dtype, set_threads, summary, timed, top_ops, write_json)
+                             resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary, timed, top_ops,
+                             write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
@@ -303,6 +304,8 @@ def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     set_threads(cfg.threads)
+    if cfg.profile:
+        show_compiled_kernels()
     models, source, dtype = build_paths(cfg, device, device_type)
     c = models["kv_cache"].config
     info = machine_info(device)

@@ -43,7 +43,8 @@ import torch
 import train
 from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
-                             resolve_device, set_threads, split_list, summary, sync, timed, top_ops, write_json)
+                             resolve_device, set_threads, show_compiled_kernels, split_list, summary, sync, timed, top_ops,
+                             write_json)
 from configurator import ConfigError, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE
@@ -87,7 +88,7 @@ class TrainBench:
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
     loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
-    profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops
+    profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops and compiled kernels
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
@@ -367,6 +368,8 @@ def main(cfg):
     vocab, vocab_from = vocab_size(cfg, tcfg)
     axes, specs = variant_list(cfg, tcfg, device_type)
     set_up_device(device_type, specs)
+    if cfg.profile:
+        show_compiled_kernels()
     info = machine_info(device)
     print_machine(info)
     B, T = tcfg.batch_size, tcfg.block_size

@@ -137,3 +137,15 @@ def test_bench_help_describes_every_setting(launch, script):
     assert settings, out
     undescribed = [line for line in settings if re.fullmatch(r"\s+--\S+\s+\[.*\]", line)]  # no comment before the type
     assert not undescribed, undescribed
+
+
+def test_top_ops_names_compiled_kernels_by_the_ops_they_fuse():
+    """bench/*.py --profile: inductor's kernels are listed beside PyTorch's ops (the same kernel in two
+    graphs is one row); profiler labels and Python frames are not ops."""
+    from types import SimpleNamespace
+    from bench.benchutil import top_ops
+    events = [("aten::mm", 5.0), ("graph_0_cpp_fused_add_relu_1", 7.0), ("graph_1_cpp_fused_add_relu_1", 1.0),
+              ("ProfilerStep#1", 100.0), ("forward", 50.0), ("aten::add", 2.0)]
+    prof = SimpleNamespace(key_averages=lambda: [SimpleNamespace(key=k, self_cpu_time_total=t) for k, t in events])
+    assert top_ops(prof, 2) == {"inductor:add_relu_1": 8.0, "aten::mm": 5.0}
+    assert list(top_ops(prof, 5)) == ["inductor:add_relu_1", "aten::mm", "aten::add"]
