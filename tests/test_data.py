@@ -15,8 +15,9 @@ import pytest
 import data.prepare
 from data import tokenizer
 from data.loader import load_meta, open_split
-from data.prepare import PrepareConfig, main, prepare_bpe, prepare_char, prepare_char_dataset
-from data.shakespeare import shakespeare_text
+from data.prepare import (PrepareConfig, main, prepare_bpe, prepare_char, prepare_char_dataset,
+                          prepare_shakespeare_char, shakespeare_corpus)
+from data.shakespeare import other_plays_text, shakespeare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 from helpers import ROOT
 
@@ -91,6 +92,42 @@ def test_shakespeare_char_deterministic_and_split(tmp_path, corpus):
     assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(meta["chars"]) == len(set(corpus))
     tok = tokenizer_from_meta(meta)
     assert tok.decode(tokens(a)) == corpus
+
+
+def test_the_default_corpus_trains_on_every_play_and_validates_on_tiny_shakespeare(tmp_path, corpus):
+    """data/shakespeare_char: val.bin is Tiny Shakespeare's last 10%, byte for byte what --plays=tiny
+    writes (and what this corpus was before the other plays joined it); train.bin is the rest of Tiny
+    Shakespeare, then the other plays, in Tiny Shakespeare's 64 characters; no validation text in it."""
+    every, tiny = tmp_path / "all", tmp_path / "tiny"
+    prepare_shakespeare_char(str(every))
+    prepare_shakespeare_char(str(tiny), plays="tiny")
+    n_train = int(0.9 * len(corpus))
+    prepare_char(corpus, str(tmp_path / "old"))  # how the default corpus was built before the other plays
+    assert read_bytes(tiny) == read_bytes(tmp_path / "old")
+    assert (every / "val.bin").read_bytes() == (tiny / "val.bin").read_bytes()
+    assert load_meta(str(every))["chars"] == load_meta(str(tiny))["chars"] == "".join(sorted(set(corpus)))
+    tok = tokenizer_from_meta(load_meta(str(every)))
+    assert tok.decode(open_split(str(every), "val").tolist()) == corpus[n_train:]
+    train = tok.decode(open_split(str(every), "train").tolist())
+    assert train.startswith(corpus[:n_train] + "\n") and len(train) > 4 * n_train
+    others = train[n_train + 1:]
+    assert others == other_plays_text(set(corpus)) and others.startswith("THESEUS:\nNow, fair Hippolyta")
+    assert "\nHAMLET:\n" in others and "\nFirst Citizen:\nBefore we proceed" not in others  # not the nine again
+    val = corpus[n_train:]
+    windows = [val[i:i + 80] for i in range(0, len(val) - 80, len(val) // 50)]
+    assert not [w for w in windows if w in train], "validation text in the training text"
+
+
+def test_prepare_plays_flag(tmp_path, run_main):
+    status, out, err = run_main("--plays=tiny", f"--out_dir={tmp_path / 't'}", cwd=tmp_path)
+    assert status == 0, err
+    assert "from Tiny Shakespeare's 9 plays" in out and "118,883 val tokens" in out
+    train, val = shakespeare_corpus("tiny")
+    assert len(open_split(str(tmp_path / "t"), "train")) == len(train)
+    status, _, err = run_main("--plays=tiny", "--input=a.txt", "--out_dir=x", cwd=tmp_path)
+    assert_one_error_line(status, err, "--plays chooses the Shakespeare corpus")
+    status, _, err = run_main("--plays=every", cwd=tmp_path)
+    assert_one_error_line(status, err, "plays='every' is not a valid choice; choose one of: 'all' | 'tiny'")
 
 
 def test_failed_prepare_leaves_old_data_dir(tmp_path):
@@ -404,4 +441,4 @@ def test_cli_shakespeare_default(tmp_path, corpus):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Shakespeare corpus: ")
     d = tmp_path / "data" / "shakespeare_char"
-    assert load_meta(str(d))["tokenizer"] == "char" and len(tokens(d)) == len(corpus)
+    assert load_meta(str(d))["tokenizer"] == "char" and len(tokens(d)) == sum(map(len, shakespeare_corpus()))
