@@ -229,6 +229,15 @@ def test_prepare_bpe_files(tmp_path, doc_files):
     assert read_bytes(out) == read_bytes(tmp_path / "bpe2")
 
 
+def test_prepare_bpe_texts_with_their_own_validation(tmp_path):
+    """The Shakespeare corpus in GPT-2's BPE: validation is the text given for it, not the last 10%."""
+    info = prepare_bpe(str(tmp_path / "b"), texts=["to be or not to be\n" * 5], val_texts=["that is the question"])
+    enc = GPT2Tokenizer()
+    assert enc.decode(open_split(str(tmp_path / "b"), "val").tolist()) == "that is the question"
+    assert enc.decode(open_split(str(tmp_path / "b"), "train").tolist()) == "to be or not to be\n" * 5
+    assert info["val_tokens"] == len(enc.encode("that is the question"))
+
+
 def test_prepare_bpe_local_dataset(tmp_path, doc_files):
     prepare_bpe(str(tmp_path / "files"), files=doc_files)
     # a glob of local text files through datasets.load_dataset("text", ...): one document per file
