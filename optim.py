@@ -60,6 +60,7 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
                                       ns_dtype=ns_dtype))
+        self.update = muon_update  # compile() swaps in a compiled one
 
     def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
         super().__setstate__(state)
@@ -73,19 +74,50 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            by_shape = {}
-            for p in group["params"]:
-                if p.grad is not None:
-                    by_shape.setdefault(p.shape, []).append(p)
-            for shape, params in by_shape.items():
-                grads = [p.grad for p in params]
+            for shape, params in by_shape(p for p in group["params"] if p.grad is not None).items():
                 bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-                torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
-                updates = torch.stack(torch._foreach_lerp(grads, bufs, group["momentum"]))  # Nesterov: (n, rows, cols)
-                updates = orthogonalize(updates.to(group["ns_dtype"]), group["ns_steps"]).to(params[0].dtype)
-                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-                torch._foreach_add_(params, updates.unbind(0), alpha=-group["lr"] * max(1, shape[0] / shape[1]) ** 0.5)
+                self.update(params, [p.grad for p in params], bufs, *update_settings(group, shape))
         return loss
+
+    @torch.no_grad()
+    def compile(self):
+        """From now on, each shape's update runs as one compiled graph (on a CPU its two dozen small
+        ops cost more than their arithmetic: bench/README.md). Compiled here, on zeros shaped like
+        the parameters, so not in the first step; the weights and the state are not touched. Raises
+        what torch.compile raises, and the update stays as it was."""
+        update = torch.compile(muon_update, dynamic=False)  # a graph per shape, as step() calls it
+        for group in self.param_groups:
+            for shape, params in by_shape(group["params"]).items():
+                zeros = [torch.zeros_like(p) for p in params]
+                update([torch.nn.Parameter(z.clone()) for z in zeros], zeros, [z.clone() for z in zeros],
+                       *update_settings(group, shape))
+        self.update = update
+
+
+def by_shape(params):
+    """{shape: [the parameters of that shape]}: the matrices that go through Newton-Schulz together."""
+    groups = {}
+    for p in params:
+        groups.setdefault(p.shape, []).append(p)
+    return groups
+
+
+def update_settings(group, shape):
+    """muon_update's settings for the matrices of one shape in group. The rate goes in as a tensor: a
+    compiled update takes every rate the schedule gives without compiling again."""
+    scale = max(1, shape[0] / shape[1]) ** 0.5
+    return (torch.tensor(group["lr"]), group["weight_decay"], group["momentum"], group["ns_steps"],
+            group["ns_dtype"], scale)
+
+
+def muon_update(params, grads, bufs, lr, weight_decay, momentum, ns_steps, ns_dtype, scale):
+    """One Muon step for matrices of one shape: momentum, Nesterov's look-ahead, orthogonalized,
+    weight decay, then the step. params, grads, bufs: lists of (rows, cols); lr: a 0-d tensor."""
+    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+    updates = torch.stack(torch._foreach_lerp(grads, bufs, momentum))  # Nesterov: (n, rows, cols)
+    updates = orthogonalize(updates.to(ns_dtype), ns_steps).to(params[0].dtype)
+    torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_add_(params, (updates * (-lr * scale)).unbind(0))
 
 
 def orthogonalize(g, steps, eps=1e-7):

@@ -40,7 +40,7 @@ from hardware import DType, autocast, check_threads, enable_tf32, pick_device, p
 from log import OutputThatMayClose, TrainingLog
 from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
                    is_pretrained_source)
-from optim import configure_optimizers, lr_multiplier, set_lr
+from optim import Muon, configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
@@ -88,7 +88,7 @@ class TrainConfig(GPTConfig):
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
-    compile: bool = True  # torch.compile the model, before training starts (cached on disk: later runs compile in seconds)
+    compile: bool = True  # torch.compile the model (and Muon on a CPU) before training starts; cached on disk: later runs compile in seconds
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337  # for the weights, the batches and dropout
 
@@ -150,7 +150,7 @@ def main(cfg):
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
         else:
             try:
-                train(cfg, setup, data, state, wrap_model(cfg, setup, model), logger, stop)
+                train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
             except RuntimeError as e:
                 stop_if_a_peer_is_gone(e)
                 raise
@@ -337,19 +337,20 @@ def resume_state(state, checkpoint, path, setup):
     state.clock = Clock(checkpoint["trained_seconds"])
 
 
-def wrap_model(cfg, setup, model):
+def wrap_model(cfg, setup, model, optimizers):
     """The model as the training step calls it: compiled if asked, and in DDP under torchrun."""
-    wrapped = compile_model(model, cfg, setup) if cfg.compile else model
+    wrapped = compile_model(model, cfg, setup, optimizers) if cfg.compile else model
     if setup.distributed and not setup.fsdp:
         wrapped = DistributedDataParallel(wrapped, device_ids=[setup.local_rank] if setup.device_type == "cuda" else None)
     return wrapped
 
 
-def compile_model(model, cfg, setup):
+def compile_model(model, cfg, setup, optimizers):
     """torch.compile(model), compiled now, on a batch of zeros (forward and backward, no update and no
-    random number drawn), so that compiling is not training time; inductor keeps what it compiled on
-    disk, and the next run with this shape compiles in seconds. The model itself, with a note, where
-    it cannot be compiled (no C++ compiler, say)."""
+    random number drawn), so that compiling is not training time; on a CPU, Muon's update too, where
+    its small ops cost more than their arithmetic (Muon.compile). Inductor keeps what it compiled on
+    disk, and the next run with these shapes compiles in seconds. The model itself, with a note,
+    where it cannot be compiled (no C++ compiler, say)."""
     if setup.master:
         print("compiling the model (not training time; the first run on a machine takes longest)", flush=True)
     started, compiled = time.time(), torch.compile(model)
@@ -359,6 +360,9 @@ def compile_model(model, cfg, setup):
             with setup.autocast():
                 loss = compiled(x, y)[1]
             loss.backward()
+            for optimizer in optimizers:  # measured on CPUs only (bench/README.md): on GPUs it stays eager
+                if isinstance(optimizer, Muon) and setup.device_type == "cpu":
+                    optimizer.compile()
     except Exception as e:  # noqa: BLE001 - compilers fail in many ways; training goes on without one
         if setup.master:
             why = (str(e).strip().splitlines() or [""])[0][:200]

@@ -186,10 +186,23 @@ def md_table(headers, rows):
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells])
 
 
+def without_local_paths(obj):
+    """obj with every absolute path in it made portable: relative to the repository where it lies in
+    it, else its last part (a results file names no directory of the machine that wrote it)."""
+    if isinstance(obj, dict):
+        return {k: without_local_paths(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [without_local_paths(v) for v in obj]
+    if isinstance(obj, str) and os.path.isabs(obj):
+        inside = obj.startswith(ROOT + os.sep)
+        return os.path.relpath(obj, ROOT) if inside else os.path.basename(obj.rstrip(os.sep)) or obj
+    return obj
+
+
 def write_json(path, obj):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    text = json.dumps(obj, indent=1, default=str)
-    text = text.replace(ROOT + os.sep, "")  # paths in the repository are kept relative to it
+    text = json.dumps(without_local_paths(obj), indent=1, default=str)
+    text = text.replace(ROOT + os.sep, "")  # paths in the repository inside longer strings, too
     atomic_write(path, lambda f: f.write((text + "\n").encode()))
     path = os.path.abspath(path)
     print(f"wrote {os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path}")

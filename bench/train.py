@@ -196,7 +196,7 @@ class Variant:
         self.state = train.new_train_state(self.cfg, self.setup, self.raw, tokens)
         self.data = train.Data(tokens, tokens, {"tokenizer": "random", "vocab_size": vocab})
         with contextlib.redirect_stdout(io.StringIO()) as said:  # its "compiling" lines
-            self.model = train.wrap_model(self.cfg, self.setup, self.raw)
+            self.model = train.wrap_model(self.cfg, self.setup, self.raw, self.state.optimizers)
         self.compile_failed = "torch.compile failed" in said.getvalue()
 
     def step(self):

@@ -149,3 +149,18 @@ def test_top_ops_names_compiled_kernels_by_the_ops_they_fuse():
     prof = SimpleNamespace(key_averages=lambda: [SimpleNamespace(key=k, self_cpu_time_total=t) for k, t in events])
     assert top_ops(prof, 2) == {"inductor:add_relu_1": 8.0, "aten::mm": 5.0}
     assert list(top_ops(prof, 5)) == ["inductor:add_relu_1", "aten::mm", "aten::add"]
+
+
+def test_results_files_name_no_directory_of_the_machine(tmp_path):
+    """bench/results/*.json travel with the repository: a path in the repository is written relative to
+    it, any other absolute path as its last part (a worktree, a scratch TOML, --out)."""
+    import os
+    from bench.benchutil import write_json
+    out = tmp_path / "r.json"
+    write_json(str(out), {"config": {"base_repo": str(tmp_path / "base"), "out": str(out),
+                                     "configs": os.path.join(ROOT, "configs", "x.toml"), "seeds": "1,2"},
+                          "runs": [{"out_dir": str(tmp_path / "runs" / "a")}]})
+    text = out.read_text()
+    assert str(tmp_path) not in text and ROOT not in text, text
+    assert json.loads(text) == {"config": {"base_repo": "base", "out": "r.json", "configs": "configs/x.toml",
+                                           "seeds": "1,2"}, "runs": [{"out_dir": "a"}]}

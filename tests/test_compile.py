@@ -65,3 +65,54 @@ def test_compiled_decoding_reads_every_weight_as_a_fused_reduction():
                                    text=True, timeout=300)).stdout
     assert "def call" in code  # inductor's generated module, not an eager fallback
     assert not any(f"extern_kernels.{mm}(" in code for mm in ("mm", "addmm", "bmm")), code
+
+
+@pytest.mark.compiles
+def test_compiled_causal_mask_is_recomputed_inside_the_softmax():
+    """causal_mask compares positions, so inductor folds the mask into the softmax's kernels, forward
+    and backward; a mask made as a tensor (tril of ones) is stored once and read back as bools in
+    every row, which made the softmax twice as slow on a CPU. No bool buffer may appear."""
+    from torch._inductor.utils import run_and_get_code
+
+    from attention import MultiHeadAttention
+
+    attention = torch.compile(MultiHeadAttention(n_embd=16, n_head=2))  # builds its mask in forward, as GPT's do
+    x = torch.randn(2, 16, 16)
+
+    def forward_backward(x):
+        attention(x).square().sum().backward()
+
+    code = "\n".join(run_and_get_code(forward_backward, x)[1])
+    assert code.count("def call") == 2, code  # inductor compiled the forward and the backward
+    assert "masked_fill" in code and "torch.bool" not in code and "bool*" not in code, code
+
+
+@pytest.mark.compiles
+def test_compiled_muon_makes_the_eager_steps_and_compiles_only_before_them():
+    """Muon.compile(): the same steps as the eager update, at every rate the schedule gives; compile()
+    itself leaves the weights and the state alone, and the steps after it compile nothing more."""
+    from torch._dynamo.utils import counters
+
+    from optim import Muon
+
+    torch.manual_seed(0)
+    shapes = [(48, 16), (48, 16), (16, 16), (16, 64)]  # tall (twice), square and wide
+    eager = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    compiled = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    start = [p.detach().clone() for p in eager]
+    opts = Muon(eager, ns_dtype=torch.float32), Muon(compiled, ns_dtype=torch.float32)
+    opts[1].compile()
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled)) and not opts[1].state
+    graphs = counters["stats"]["unique_graphs"]
+    for step in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for params, opt in zip((eager, compiled), opts):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            for group in opt.param_groups:
+                group["lr"] = 0.02 / (step + 1)
+            opt.step()
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled in the steps
+    assert not torch.equal(eager[0], start[0])  # the steps moved the weights
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
