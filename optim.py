@@ -60,7 +60,7 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
                                       ns_dtype=ns_dtype))
-        self.update = muon_update  # compile() swaps in a compiled one
+        self.update, self.compiled = muon_update, False  # compile() swaps in a compiled update
 
     def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
         super().__setstate__(state)
@@ -76,7 +76,7 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             for shape, params in by_shape(p for p in group["params"] if p.grad is not None).items():
                 bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-                self.update(params, [p.grad for p in params], bufs, *update_settings(group, shape))
+                self.update(params, [p.grad for p in params], bufs, *update_settings(group, shape, self.compiled))
         return loss
 
     @torch.no_grad()
@@ -90,8 +90,8 @@ class Muon(torch.optim.Optimizer):
             for shape, params in by_shape(group["params"]).items():
                 zeros = [torch.zeros_like(p) for p in params]
                 update([torch.nn.Parameter(z.clone()) for z in zeros], zeros, [z.clone() for z in zeros],
-                       *update_settings(group, shape))
-        self.update = update
+                       *update_settings(group, shape, rate_as_tensor=True))
+        self.update, self.compiled = update, True
 
 
 def by_shape(params):
@@ -102,17 +102,18 @@ def by_shape(params):
     return groups
 
 
-def update_settings(group, shape):
-    """muon_update's settings for the matrices of one shape in group. The rate goes in as a tensor: a
-    compiled update takes every rate the schedule gives without compiling again."""
+def update_settings(group, shape, rate_as_tensor):
+    """muon_update's settings for the matrices of one shape in group. A compiled update takes the rate
+    as a tensor, so that every rate the schedule gives runs the same graph (a number would be compiled
+    in, and each new one compiled again)."""
+    lr = torch.tensor(group["lr"], device=group["params"][0].device) if rate_as_tensor else group["lr"]
     scale = max(1, shape[0] / shape[1]) ** 0.5
-    return (torch.tensor(group["lr"]), group["weight_decay"], group["momentum"], group["ns_steps"],
-            group["ns_dtype"], scale)
+    return lr, group["weight_decay"], group["momentum"], group["ns_steps"], group["ns_dtype"], scale
 
 
 def muon_update(params, grads, bufs, lr, weight_decay, momentum, ns_steps, ns_dtype, scale):
     """One Muon step for matrices of one shape: momentum, Nesterov's look-ahead, orthogonalized,
-    weight decay, then the step. params, grads, bufs: lists of (rows, cols); lr: a 0-d tensor."""
+    weight decay, then the step. params, grads, bufs: lists of (rows, cols); lr: a number or a 0-d tensor."""
     torch._foreach_lerp_(bufs, grads, 1 - momentum)
     updates = torch.stack(torch._foreach_lerp(grads, bufs, momentum))  # Nesterov: (n, rows, cols)
     updates = orthogonalize(updates.to(ns_dtype), ns_steps).to(params[0].dtype)
