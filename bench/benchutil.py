@@ -193,6 +193,8 @@ def without_local_paths(obj):
         return {k: without_local_paths(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [without_local_paths(v) for v in obj]
+    if isinstance(obj, str) and "," in obj:  # a list setting, such as recipe.py's --configs
+        return ",".join(without_local_paths(part) for part in obj.split(","))
     if isinstance(obj, str) and os.path.isabs(obj):
         inside = obj.startswith(ROOT + os.sep)
         return os.path.relpath(obj, ROOT) if inside else os.path.basename(obj.rstrip(os.sep)) or obj

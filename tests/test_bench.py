@@ -158,9 +158,11 @@ def test_results_files_name_no_directory_of_the_machine(tmp_path):
     from bench.benchutil import write_json
     out = tmp_path / "r.json"
     write_json(str(out), {"config": {"base_repo": str(tmp_path / "base"), "out": str(out),
-                                     "configs": os.path.join(ROOT, "configs", "x.toml"), "seeds": "1,2"},
+                                     "configs": f"default,{os.path.join(ROOT, 'configs', 'x.toml')},{tmp_path / 'y.toml'}",
+                                     "seeds": "1,2"},
                           "runs": [{"out_dir": str(tmp_path / "runs" / "a")}]})
     text = out.read_text()
     assert str(tmp_path) not in text and ROOT not in text, text
-    assert json.loads(text) == {"config": {"base_repo": "base", "out": "r.json", "configs": "configs/x.toml",
-                                           "seeds": "1,2"}, "runs": [{"out_dir": "a"}]}
+    assert json.loads(text) == {"config": {"base_repo": "base", "out": "r.json",
+                                           "configs": "default,configs/x.toml,y.toml", "seeds": "1,2"},
+                                "runs": [{"out_dir": "a"}]}
