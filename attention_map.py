@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from attention import causal_mask
 from files import atomic_write
 
 PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_map writes, by its extension
@@ -31,7 +32,7 @@ def attention_rows(model, ids):
     block_size, device = model.config.block_size, next(model.parameters()).device
     tokens = torch.tensor(ids, device=device)
     first = tokens[:block_size]  # rows 0 .. block_size-1: one causal forward gives all of them
-    lower = torch.ones(len(first), len(first), dtype=torch.bool, device=device).tril()  # row i: keys 0..i
+    lower = causal_mask(len(first), len(first), device)  # row i: keys 0..i
     scores, shares, norms = row_arithmetic(model.attention_steps(first[None]))
     parts = [(scores[:, 0][:, :, lower], shares[:, 0][:, :, lower], norms[:, 0])]
     for start in range(block_size, len(ids), WINDOWS_PER_FORWARD):  # row i sees tokens i-block_size+1 .. i
