@@ -1,8 +1,9 @@
 """
 Where a run goes and how fast it can go: the device, the precision and the CPU threads that the
-settings device=, dtype= and threads= pick; the peak FLOP/s that MFU (model FLOPs utilisation) is
+settings device=, dtype= and threads= pick; how the process keeps its freed memory; the peak FLOP/s that MFU (model FLOPs utilisation) is
 measured against; and whether another process is busy on this run's CPUs.
 """
+import ctypes
 import functools
 import glob
 import json
@@ -83,6 +84,29 @@ def pick_threads(n, processes_here=1):
         return int(os.environ["OMP_NUM_THREADS"])
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, usable // processes_here)
+
+
+def set_up_cpu(threads, processes_here=1):
+    """How every script uses the CPU: torch's threads (pick_threads) and malloc keeping the memory
+    that tensors free (keep_freed_memory). Raises ValueError for a bad `threads`."""
+    torch.set_num_threads(pick_threads(threads, processes_here))
+    keep_freed_memory()
+
+
+def keep_freed_memory():
+    """Keep freed memory in the process, for the next tensors of the same sizes. glibc's malloc
+    otherwise hands it back to the kernel: blocks above its mmap threshold are unmapped when freed,
+    and free memory at the heap's top beyond its trim threshold is released. Each training step's
+    activations then fault their pages in again: thousands of page faults and a quarter of a step on
+    the CPU model (bench/README.md). jemalloc and tcmalloc, which PyTorch's CPU performance tuning
+    guide suggests preloading, keep such memory anyway; these two limits make glibc do the same:
+    blocks up to 32 MiB (the most its dynamic threshold would reach) come from the heap, and up to
+    1 GiB of it stays free rather than going back. Only where malloc is glibc's; returns whether."""
+    if platform.libc_ver()[0] != "glibc":  # macOS, musl: another malloc, with its own policy
+        return False
+    mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
 
 
 @functools.cache

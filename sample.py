@@ -20,7 +20,7 @@ from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from files import check_writable
-from hardware import DType, check_threads, pick_device, pick_dtype, pick_threads
+from hardware import DType, check_threads, pick_device, pick_dtype, set_up_cpu
 from model import GPT, GPT2_NAMES, check_sampling, is_pretrained_source
 
 
@@ -82,7 +82,7 @@ def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
     try:
         device = pick_device(cfg.device)
-        torch.set_num_threads(pick_threads(cfg.threads))
+        set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False,
                            n_params=model.num_params(non_embedding=False))

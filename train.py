@@ -36,7 +36,7 @@ from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
                          relaunch_command, stop_if_a_peer_is_gone)
-from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, pick_threads
+from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, set_up_cpu
 from log import OutputThatMayClose, TrainingLog
 from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
                    is_pretrained_source)
@@ -192,7 +192,7 @@ def set_up(cfg):
     if distributed and device.startswith("cuda"):
         device = f"cuda:{local_rank}"
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
-    torch.set_num_threads(pick_threads(cfg.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    set_up_cpu(cfg.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     check_backend(cfg.attention, device.split(":")[0], dtype, cfg.dropout)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, load_config
 from files import atomic_write
-from hardware import cpu_name, pick_device, pick_dtype, pick_threads
+from hardware import cpu_name, pick_device, pick_dtype, set_up_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -74,9 +74,10 @@ def default_out(name, device):
 
 
 def set_threads(n):
-    """torch's CPU threads, as train.py picks them (configurator.pick_threads; 0: the usable CPUs)."""
+    """torch's CPU threads, and malloc keeping freed memory, as train.py and sample.py set them
+    (hardware.set_up_cpu; n=0: the usable CPUs)."""
     try:
-        torch.set_num_threads(pick_threads(n))
+        set_up_cpu(n)
     except ValueError as e:
         fail(e)
 
