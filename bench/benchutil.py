@@ -148,6 +148,21 @@ def profiled(fn, device):
     return wall, prof
 
 
+def os_costs(fn):
+    """Run fn: (page faults the process took meanwhile, seconds of CPU time the kernel spent for it),
+    from getrusage; (None, None) where there is none (Windows). A fault on every step is memory that
+    was handed back to the kernel and has to be fetched again (hardware.keep_freed_memory)."""
+    try:
+        import resource
+    except ImportError:
+        fn()
+        return None, None
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    fn()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_minflt + after.ru_majflt - before.ru_minflt - before.ru_majflt), after.ru_stime - before.ru_stime
+
+
 # inductor's C++ kernels, as they report to the profiler: "graph_0_cpp_fused__softmax_div_masked_fill_3"
 INDUCTOR_KERNEL = re.compile(r"graph_\d+_(cpp_fused_\w+)")
 

@@ -42,9 +42,9 @@ import torch
 
 import train
 from attention import BACKENDS, Backend, check_backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
-                             resolve_device, set_threads, show_compiled_kernels, split_list, summary, sync, timed, top_ops,
-                             write_json)
+from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, os_costs, parse, print_machine,
+                             profiled, resolve_device, set_threads, show_compiled_kernels, split_list, summary, sync,
+                             timed, top_ops, write_json)
 from configurator import ConfigError, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE
@@ -321,13 +321,19 @@ def profile_variants(cfg, variants, device):
     for v, rec in variants:
         if rec["status"] != "ok":
             continue
+        faults, kernel_s = os_costs(lambda: [v.step() for _ in range(cfg.profile)])  # the profiler's own memory aside
         wall, prof = profiled(lambda: [v.step() for _ in range(cfg.profile)], device)
         wall /= cfg.profile
         phases = {PHASES[e.key]: e.cpu_time_total / 1e3 / cfg.profile for e in prof.key_averages() if e.key in PHASES}
         rec["profile"] = {"step_ms": wall * 1e3, "phases_ms": phases,
-                          "top_ops_ms": {k: us / 1e3 / cfg.profile for k, us in top_ops(prof, 12).items()}}
+                          "top_ops_ms": {k: us / 1e3 / cfg.profile for k, us in top_ops(prof, 12).items()},
+                          "page_faults_per_step": None if faults is None else faults / cfg.profile,
+                          "kernel_cpu_ms_per_step": None if kernel_s is None else kernel_s * 1e3 / cfg.profile}
         print(f"\nprofile of {rec['name']}: {wall * 1e3:.1f} ms per step under the profiler; by phase: "
               + ", ".join(f"{k} {ms:.1f} ms ({ms / (wall * 1e3):.0%})" for k, ms in phases.items()))
+        if faults is not None:
+            print(f"without the profiler, per step: {faults / cfg.profile:,.0f} page faults, "
+                  f"{kernel_s * 1e3 / cfg.profile:.1f} ms of CPU time in the kernel")
         print(md_table(["op (self time)", "ms/step", "share"],
                        [[k, f"{ms:.2f}", f"{ms / (wall * 1e3):.1%}"] for k, ms in rec["profile"]["top_ops_ms"].items()]))
 

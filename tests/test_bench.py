@@ -62,6 +62,14 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
         assert {"forward", "backward", "clip", "optimizer AdamW"} <= set(phases), phases
         assert ("optimizer Muon" in phases) == (row["optimizer"] == "muon")
         assert sum(phases.values()) <= row["profile"]["step_ms"] * 1.05, row["profile"]
+        assert row["profile"]["page_faults_per_step"] >= 0 and row["profile"]["kernel_cpu_ms_per_step"] >= 0
+
+
+def test_os_costs_counts_the_pages_a_step_faults_in():
+    from bench.benchutil import os_costs
+    faults, kernel_s = os_costs(lambda: bytearray(b"\x01") * (64 << 20))  # 64 MiB, every page written
+    assert faults >= (64 << 20) // (2 << 20) and kernel_s >= 0  # one a page, or one per 2 MiB huge page
+    assert os_costs(lambda: None)[0] < faults / 10
 
 
 def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
