@@ -1,7 +1,8 @@
 """
 Where a run goes and how fast it can go: the device, the precision and the CPU threads that the
-settings device=, dtype= and threads= pick; how the process keeps its freed memory; the peak FLOP/s that MFU (model FLOPs utilisation) is
-measured against; and whether another process is busy on this run's CPUs.
+settings device=, dtype= and threads= pick; malloc keeping the memory a step frees; the peak FLOP/s
+that MFU (model FLOPs utilisation) is measured against; and whether another process is busy on this
+run's CPUs.
 """
 import ctypes
 import functools
@@ -97,11 +98,12 @@ def keep_freed_memory():
     """Keep freed memory in the process, for the next tensors of the same sizes. glibc's malloc
     otherwise hands it back to the kernel: blocks above its mmap threshold are unmapped when freed,
     and free memory at the heap's top beyond its trim threshold is released. Each training step's
-    activations then fault their pages in again: thousands of page faults and a quarter of a step on
-    the CPU model (bench/README.md). jemalloc and tcmalloc, which PyTorch's CPU performance tuning
-    guide suggests preloading, keep such memory anyway; these two limits make glibc do the same:
-    blocks up to 32 MiB (the most its dynamic threshold would reach) come from the heap, and up to
-    1 GiB of it stays free rather than going back. Only where malloc is glibc's; returns whether."""
+    activations then fault their pages in again: thousands of page faults a step, and 8-11 % of
+    train.py's iterations on a 2-core CPU (bench/README.md). jemalloc and tcmalloc, which PyTorch's
+    CPU performance tuning guide suggests preloading, keep such memory anyway; these two limits make
+    glibc do the same: blocks up to 32 MiB (the most its dynamic threshold would reach) come from the
+    heap, and up to 1 GiB of it stays free rather than going back. Only where malloc is glibc's;
+    returns whether it was."""
     if platform.libc_ver()[0] != "glibc":  # macOS, musl: another malloc, with its own policy
         return False
     mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on

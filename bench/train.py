@@ -321,7 +321,7 @@ def profile_variants(cfg, variants, device):
     for v, rec in variants:
         if rec["status"] != "ok":
             continue
-        faults, kernel_s = os_costs(lambda: [v.step() for _ in range(cfg.profile)])  # the profiler's own memory aside
+        faults, kernel_s = os_costs(lambda: [v.step() for _ in range(cfg.profile)])  # apart: the profiler allocates too
         wall, prof = profiled(lambda: [v.step() for _ in range(cfg.profile)], device)
         wall /= cfg.profile
         phases = {PHASES[e.key]: e.cpu_time_total / 1e3 / cfg.profile for e in prof.key_averages() if e.key in PHASES}
