@@ -98,7 +98,7 @@ def keep_freed_memory():
     """Keep freed memory in the process, for the next tensors of the same sizes. glibc's malloc
     otherwise hands it back to the kernel: blocks above its mmap threshold are unmapped when freed,
     and free memory at the heap's top beyond its trim threshold is released. Each training step's
-    activations then fault their pages in again: thousands of page faults a step, and 8-11 % of
+    activations then fault their pages in again: thousands of page faults a step, and 8-10 % of
     train.py's iterations on a 2-core CPU (bench/README.md). jemalloc and tcmalloc, which PyTorch's
     CPU performance tuning guide suggests preloading, keep such memory anyway; these two limits make
     glibc do the same: blocks up to 32 MiB (the most its dynamic threshold would reach) come from the
