@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -1001,7 +1002,7 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
         pick_threads(-1)
 
 
-# training steps of a small GPT, after three that let the heap grow to its size
+# training steps of a small GPT after three that let the heap grow to its size: the page faults of each
 TRAINING_STEPS = """
 import resource, sys
 import torch
@@ -1018,25 +1019,26 @@ def step():
     optimizer.zero_grad(set_to_none=True)
 for _ in range(3):
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
+for _ in range(11):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the limits are glibc's malloc's")
 def test_train_keeps_freed_memory_so_a_step_faults_no_pages_in_again():
-    def page_faults(mode):
+    def page_faults_of_a_typical_step(mode):
         proc = subprocess.run([sys.executable, "-c", TRAINING_STEPS, mode], cwd=ROOT, env=ENV,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        return int(proc.stdout.split()[-1])
+        # the median: now and then a step still touches new pages for the first time, where a fragmented heap grows
+        return statistics.median([int(line) for line in proc.stdout.split()])
 
-    released = page_faults("malloc's own")  # thousands a step (fewer with huge pages)
-    if released < 1000:
+    released = page_faults_of_a_typical_step("malloc's own")  # hundreds to thousands (fewer with huge pages)
+    if released < 100:
         pytest.skip("this Python's malloc keeps freed memory already (a preloaded jemalloc or tcmalloc?)")
-    assert page_faults("set_up") < released / 20
+    assert page_faults_of_a_typical_step("set_up") < released / 20
 
 
 def test_train_sets_the_threads_it_is_told(tmp_path, launch):
