@@ -17,6 +17,13 @@ if ROOT not in sys.path:
 from data.prepare import prepare_char  # noqa: E402 - needs the repository on sys.path
 
 
+def pytest_xdist_auto_num_workers(config):
+    """pytest.ini's `-n auto`: one worker per CPU this process may run on (os.cpu_count() counts the
+    machine's, not a `taskset`'s share), at most eight: each worker imports torch and transformers
+    for itself, so memory, not speed, sets the limit on a many-core machine."""
+    return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), 8)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """train.bin, val.bin and meta.json of helpers.TEXT, characters; one per test module."""

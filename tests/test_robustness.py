@@ -1091,22 +1091,21 @@ while time.perf_counter() < end:
     pass
 wall, used, waiting = meter.read()
 child.kill()
-alone = CpuMeter()
-end = time.perf_counter() + 0.5
-while time.perf_counter() < end:
-    pass
-print(waiting, alone.read()[2])
+asleep = CpuMeter()  # a sleeping process is not runnable, so it waits for no CPU however busy they are
+time.sleep(0.5)
+print(waiting, asleep.read()[2])
 """
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
 def test_the_time_a_process_waits_for_a_cpu_is_measured():
-    """Sharing one CPU with a spinning process, a spinning process waits about half the time; alone, not at all."""
+    """Sharing one CPU with a spinning process, a spinning process waits about half the time (more where other
+    work, such as another test, lands on that CPU too); asleep, not at all."""
     proc = subprocess.run([sys.executable, "-c", WAITS_FOR_A_CPU], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    shared, alone = map(float, proc.stdout.split())
-    assert 0.3 < shared < 0.7 and alone < 0.05, (shared, alone)
+    shared, asleep = map(float, proc.stdout.split())
+    assert 0.3 < shared < 0.9 and asleep < 0.05, (shared, asleep)
 
 
 @pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json"])
