@@ -349,10 +349,12 @@ def compile_model(model, cfg, setup, optimizers):
     """torch.compile(model), compiled now, on a batch of zeros (forward and backward, no update and no
     random number drawn), so that compiling is not training time; on a CPU, Muon's update too, where
     its small ops cost more than their arithmetic (Muon.compile). Inductor keeps what it compiled on
-    disk, and the next run with these shapes compiles in seconds. The model itself, with a note,
-    where it cannot be compiled (no C++ compiler, say)."""
+    disk, and the next run with these shapes compiles in seconds. On a CPU, deterministic as eager.
+    The model itself, with a note, where it cannot be compiled (no C++ compiler, say)."""
     if setup.master:
         print("compiling the model (not training time; the first run on a machine takes longest)", flush=True)
+    if setup.device_type == "cpu":  # the same seed, the same run: inductor's own kernel for the embedding's
+        torch.use_deterministic_algorithms(True)  # gradient adds from racing threads; this mode calls ATen's
     started, compiled = time.time(), torch.compile(model)
     x, y = (torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=setup.device) for _ in range(2))
     try:
