@@ -122,16 +122,38 @@ def cpuinfo():
 
 
 def cpu_name():
+    return cpu_fields().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_fields():
+    """The first CPU's fields in /proc/cpuinfo ("cpu family", "model", "flags", ...); {} where there is none."""
+    fields = {}
     for line in cpuinfo().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+        if not line.strip():
+            break  # the first processor's block ends here; every core of a machine reports the same
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")  # the instructions that set a CPU's matmul speed
 
 
 def cpu_has_bf16():
     """bf16 autocast pays on CPUs with bf16 matrix instructions (bench/train.py measures it); elsewhere fp32."""
-    flags = cpuinfo()
+    flags = cpu_fields().get("flags", "").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_class():
+    """Which kind of CPU this is, for a benchmark's header: the model name says "AMD EPYC" for CPUs three
+    generations and 2x apart in speed, so add the family, the model and the matmul instructions."""
+    fields = cpu_fields()
+    if "flags" not in fields:
+        return cpu_name()
+    flags = fields["flags"].split()
+    isa = " ".join(f for f in MATMUL_FLAGS if f in flags) or "no avx2"
+    return f"{cpu_name()} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; {isa})"
 
 
 @functools.cache
@@ -232,6 +254,11 @@ def measure_cpu_peak(dtype, size=1024, seconds=1.0):
     return best, cpus_shared(torch.get_num_threads(), cpus_used, cpus_waiting)
 
 
+def cpu_peak_key(dtype):
+    """Whose peak a cached probe is: this kind of CPU, its CPUs and torch's threads, the dtype."""
+    return f"{cpu_class()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}"
+
+
 def peak_flops(device_type, dtype, reached=0.0):
     """(peak FLOP/s, where it came from) for this device and dtype; (None, reason) if unknown.
     reached: FLOP/s a run has reached; on a CPU it raises the cached peak if higher, so MFU <= 100%."""
@@ -245,7 +272,7 @@ def peak_flops(device_type, dtype, reached=0.0):
     if device_type != "cpu":
         return None, f"no peak known for {device_type}"
     threads = torch.get_num_threads()
-    machine = f"{cpu_name()}|{os.cpu_count()}|{threads}|{dtype}"
+    machine = cpu_peak_key(dtype)
     source = f"measured {key} matmul on this CPU ({threads} threads)"
     try:
         with open(CPU_PEAK_CACHE) as f:

@@ -1112,8 +1112,7 @@ def test_the_time_a_process_waits_for_a_cpu_is_measured():
 def test_a_damaged_cpu_peak_file_costs_a_measurement_not_the_run(tmp_path, monkeypatch, content):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
-    (tmp_path / "peak.json").write_text(content.replace('"any"', json.dumps(
-        f"{hardware.cpu_name()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.float32}")))
+    (tmp_path / "peak.json").write_text(content.replace('"any"', json.dumps(hardware.cpu_peak_key(torch.float32))))
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
 

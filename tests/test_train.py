@@ -523,6 +523,27 @@ def test_the_largest_cache_is_read_from_sysfs(tmp_path, monkeypatch):
     assert hardware.last_level_cache_bytes.__wrapped__() == 32 * 2**20
 
 
+CPUINFO = "processor\t: {n}\nmodel name\t: AMD EPYC\ncpu family\t: {family}\nmodel\t\t: {model}\nflags\t\t: {flags}\n\n"
+
+
+@pytest.mark.parametrize("family, model, flags, bf16, name", [
+    (25, 1, "fpu sse2 avx avx2 fma", False, "AMD EPYC (family 25 model 1; avx2)"),
+    (26, 2, "avx2 avx512f avx512_vnni avx512_bf16", True, "AMD EPYC (family 26 model 2; avx2 avx512f avx512_bf16)"),
+    (6, 143, "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True,
+     "AMD EPYC (family 6 model 143; avx2 avx512f avx512_bf16 amx_bf16)"),
+    (6, 15, "sse2 ssse3", False, "AMD EPYC (family 6 model 15; no avx2)"),
+])
+def test_the_cpu_is_told_apart_by_family_model_and_matmul_instructions(monkeypatch, family, model, flags, bf16, name):
+    """Benchmarks' headers and the cached peak tell CPUs of one model name apart; bf16 follows the flags."""
+    import hardware
+    text = CPUINFO.format(n=0, family=family, model=model, flags=flags)
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: text + CPUINFO.format(n=1, family=99, model=99, flags=""))
+    assert hardware.cpu_class() == name and hardware.cpu_has_bf16() == bf16
+    assert hardware.cpu_peak_key(torch.float32).startswith(name + "|")
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: "")  # no /proc/cpuinfo (macOS)
+    assert hardware.cpu_class() == hardware.cpu_name() and not hardware.cpu_has_bf16()
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sample_py_casts_the_weights_themselves(tmp_path, data_dir, launch, monkeypatch, dtype):
     """sample.py runs the weights in the dtype, not autocast over fp32 weights: a token then reads each
