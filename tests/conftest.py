@@ -35,11 +35,18 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tiny tensors gain nothing from threads, and on a shared 2-core machine OpenMP threads that
-    spin-wait for a busy core make the tests many times slower. Restored afterwards."""
-    n = torch.get_num_threads()
+    spin-wait for a busy core make the tests many times slower. OMP_NUM_THREADS too: train.main and
+    sample.main, called in this process, set torch's threads from it (else from the CPUs there are, and
+    every later test of this worker then spins two threads beside the other worker's). Restored afterwards."""
+    n, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(n)
+    if omp is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
 
 
 @pytest.fixture(autouse=True)

@@ -232,6 +232,14 @@ def test_evaluations_build_no_autograd_graph(tmp_path, data_dir, monkeypatch):
     assert seen == {(True, True), (False, False)}, seen
 
 
+def test_a_run_inside_the_tests_leaves_this_worker_on_one_thread(tmp_path, data_dir):
+    """train.main sets torch's threads (threads=0: OMP_NUM_THREADS, else every CPU); conftest's one_thread
+    keeps that at 1, or every later test here would spin threads beside the other workers' (5 min, not 3)."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path / "out", compile=False))
+    assert torch.get_num_threads() == 1
+
+
 def test_under_a_time_budget_an_evaluation_takes_at_most_a_tenth_of_it(tmp_path, data_dir, capsys, monkeypatch):
     """eval_iters=100000 batches would take minutes; under max_seconds=2 each evaluation is cut to what
     runs in 0.2 s at the speed of a batch timed before the clock starts, with a note that says so."""
