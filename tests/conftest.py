@@ -38,15 +38,12 @@ def one_thread():
     spin-wait for a busy core make the tests many times slower. OMP_NUM_THREADS too: train.main and
     sample.main, called in this process, set torch's threads from it (else from the CPUs there are, and
     every later test of this worker then spins two threads beside the other worker's). Restored afterwards."""
-    n, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    n = torch.get_num_threads()
     torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
+    with pytest.MonkeyPatch.context() as session_patch:
+        session_patch.setenv("OMP_NUM_THREADS", "1")
+        yield
     torch.set_num_threads(n)
-    if omp is None:
-        del os.environ["OMP_NUM_THREADS"]
-    else:
-        os.environ["OMP_NUM_THREADS"] = omp
 
 
 @pytest.fixture(autouse=True)
