@@ -1,6 +1,7 @@
 """Data-parallel training through torchrun on CPU (gloo), two processes: DDP keeps the ranks
 identical, 2 ranks x 1 micro-step equal 1 rank x 2 micro-steps, and FSDP2 trains and writes a
-checkpoint that loads into a plain model. Ranks read disjoint batches."""
+checkpoint that loads into a plain model; both evaluate as one process does. Ranks read disjoint
+batches."""
 import os
 import re
 
@@ -12,21 +13,36 @@ from data.loader import Batches
 from helpers import torchrun
 from model import GPT, GPTConfig
 
+# 3 evaluation batches, which do not divide among 2 ranks
 TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=4", "--max_iters=4", "--eval_interval=4",
-        "--eval_iters=2", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
+        "--eval_iters=3", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
 
 
 def final_weights(out_dir):
     return clean_state_dict(load_checkpoint(os.path.join(out_dir, "ckpt.pt"))["model"])
 
 
+def evaluation(stdout):
+    """(train loss, val loss) of a run's one evaluation, at iteration 4."""
+    found = re.findall(r"^iter 4: train loss ([\d.]+), val loss ([\d.]+)", stdout, re.M)
+    assert len(found) == 1, stdout
+    return tuple(map(float, found[0]))
+
+
 @pytest.fixture(scope="module")
 def single(data_dir, tmp_path_factory, launch):
+    """One process with 2 micro-batches a step, what 2 ranks must reproduce: (its final weights, its evaluation)."""
     out = str(tmp_path_factory.mktemp("single"))
     proc = launch("train.py", *TINY, "--gradient_accumulation_steps=2", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert proc.returncode == 0, proc.stderr
-    return final_weights(out)
+    return final_weights(out), evaluation(proc.stdout)
+
+
+def assert_evaluates_as_one_process(out, single):
+    """3 evaluation batches on 2 ranks: FSDP gathers weights in every forward, so both ranks must run
+    as many (a hang otherwise); the losses are those of one process over the same 3 batches."""
+    assert evaluation(out) == pytest.approx(single[1], abs=1e-4, rel=0)
 
 
 def rank_weights(out_dir):
@@ -43,10 +59,11 @@ def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_p
     assert "2 process(es) ddp" in out
     assert out.count("saved ") == 1, "only rank 0 writes checkpoints"
     ddp = final_weights(tmp_path)
-    for name, w in single.items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
+    for name, w in single[0].items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
         assert torch.allclose(ddp[name], w, atol=1e-5, rtol=0), name
     assert any(not torch.equal(w, GPT(GPTConfig(**load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))["model_config"]))
                                .state_dict()[n]) for n, w in ddp.items()), "training changed nothing"
+    assert_evaluates_as_one_process(out, single)
 
 
 def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, single, tmp_path):
@@ -60,23 +77,8 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
     model = GPT(GPTConfig(**checkpoint["model_config"]))
     model.load_state_dict(clean_state_dict(checkpoint["model"]))  # strict: every tensor whole and present
     for name, w in model.state_dict().items():  # sharded training computes the same function
-        assert torch.allclose(w, single[name], atol=1e-5, rtol=0), name
-
-
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
-def test_an_evaluation_that_does_not_divide_among_the_ranks_finishes_with_one_ranks_losses(
-        data_dir, tmp_path, launch, parallelism):
-    """3 evaluation batches on 2 ranks: FSDP gathers weights in every forward, so both ranks must run
-    as many (a hang otherwise); the losses are those of one process over the same 3 batches."""
-    args = [*TINY, "--eval_iters=3", f"--data_dir={data_dir}"]
-    out = torchrun("tests/distributed_worker.py", *args, f"--parallelism={parallelism}",
-                   f"--out_dir={tmp_path / 'ranks'}", timeout=90)
-    one = launch("train.py", *args, "--gradient_accumulation_steps=2", f"--out_dir={tmp_path / 'one'}")
-    assert one.returncode == 0, one.stderr
-    evaluations = [re.findall(r"^iter 4: train loss ([\d.]+), val loss ([\d.]+)", text, re.M) for text in (out, one.stdout)]
-    assert evaluations[1] and len(evaluations[0]) == 1, (out, one.stdout)
-    for ranks, alone in zip(map(float, evaluations[0][0]), map(float, evaluations[1][0])):
-        assert abs(ranks - alone) < 1e-4, evaluations
+        assert torch.allclose(w, single[0][name], atol=1e-5, rtol=0), name
+    assert_evaluates_as_one_process(out, single)
 
 
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
