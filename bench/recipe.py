@@ -7,9 +7,13 @@ checkpoint on the same fixed val (and train) batches and prints the mean and spr
     python bench/recipe.py                                           # 190 s per run, 3 seeds, 2 configs
     python bench/recipe.py --max_seconds=5 --seeds=1 --eval_batches=5 --out=/tmp/recipe.json   # smoke test
     git worktree add /tmp/base HEAD~5 && python bench/recipe.py --configs=default --base_repo=/tmp/base   # vs a commit
+    python bench/recipe.py --configs=default,my_change.toml --iterations=1200 --seeds=1,2,3,4   # equal work
 
 Budget: train.py --max_seconds (its schedule follows the clock; evaluation time is not counted) with
---max_iters large, so every run stops on time, not on iterations. train.py's periodic evaluations are
+--max_iters large, so every run stops on time, not on iterations. With --iterations=N every run
+trains N iterations on train.py's iteration schedule (--max_seconds=0) instead: for a change that
+leaves a step's cost as it was, this takes the machine's speed, which swings from minute to minute on
+a shared machine, out of the comparison, and leaves only the seeds' spread (bench/README.md). train.py's periodic evaluations are
 turned off (--eval_interval huge) and its final one shortened (--eval_iters=train_eval_iters): this
 script does the evaluation that counts. "default" in --configs means train.py with no config file.
 Evaluation: eval_batches batches of eval_batch_size x eval_block_size tokens from val.bin, drawn once
@@ -42,12 +46,13 @@ class RecipeBench:
     configs: str = "configs/nanogpt_cpu_reference.toml,default"  # comma-separated TOMLs; "default": no file
     base_repo: str = ""  # another checkout (a git worktree of an older commit): each config runs with its train.py too
     max_seconds: float = 190.0  # training-time budget of every run (train.py --max_seconds)
+    iterations: int = 0  # > 0: every run trains this many iterations instead, on the iteration schedule (equal work)
     seeds: str = "1337,1338,1339"  # comma-separated; one run per config per seed
     train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
     train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
     threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
     work_dir: str = ""  # where the out_dirs go; "": recipe-<time> in the temporary directory
-    run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300
+    run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300 (none with iterations)
     eval_batches: int = 200  # fixed batches per split for the final evaluation
     eval_batch_size: int = 12  # sequences per evaluation batch
     eval_block_size: int = 0  # 0: the smallest block_size among the runs
@@ -58,6 +63,8 @@ class RecipeBench:
     def __post_init__(self):
         if self.max_seconds <= 0:
             raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
+        if self.iterations < 0:
+            raise ValueError(f"iterations must be >= 0 (0: a time budget), got {self.iterations}")
         for name in ("eval_batches", "eval_batch_size", "train_eval_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -75,13 +82,15 @@ def label(config):
 def run_train(cfg, config, seed, out_dir):
     repo, config = config if isinstance(config, tuple) else (ROOT, config)
     argv = [sys.executable, os.path.join(repo, "train.py")] + ([] if config == "default" else [config])
-    argv += [f"--out_dir={out_dir}", f"--seed={seed}", f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000",
-             "--eval_interval=1000000000", f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
+    budget = ["--max_seconds=0", f"--max_iters={cfg.iterations}"] if cfg.iterations else \
+        [f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000"]
+    argv += [f"--out_dir={out_dir}", f"--seed={seed}", *budget, "--eval_interval=1000000000",
+             f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
     env = dict(os.environ)
     if cfg.threads > 0:
         env["OMP_NUM_THREADS"] = str(cfg.threads)
     os.makedirs(out_dir, exist_ok=True)
-    timeout = cfg.run_timeout or 3 * cfg.max_seconds + 300
+    timeout = cfg.run_timeout or (None if cfg.iterations else 3 * cfg.max_seconds + 300)
     start = time.time()
     with open(os.path.join(out_dir, "train.log"), "w") as log:
         log.write(" ".join(shlex.quote(a) for a in argv) + "\n")
@@ -246,7 +255,8 @@ def main(cfg):
     work = cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
     info = machine_info(device)
     print_machine(info)
-    print(f"{len(configs)} configs x {len(seeds)} seeds, {cfg.max_seconds:g} s of training each, interleaved; "
+    budget = f"{cfg.iterations} iterations" if cfg.iterations else f"{cfg.max_seconds:g} s of training"
+    print(f"{len(configs)} configs x {len(seeds)} seeds, {budget} each, interleaved; "
           f"out_dirs under {work}")
     runs = train_all(cfg, configs, seeds, work)
     evaluation = evaluate_all(cfg, load_finished(runs, work), device)  # the same batches for every checkpoint

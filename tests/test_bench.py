@@ -99,12 +99,14 @@ def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_p
     assert not result["requirements"]["kv_cache_vs_transformers"]["applies"]  # stated for GPT-2 124M only
 
 
-def test_recipe_bench_trains_and_evaluates_both_configs(launch, tmp_path, data_dir):
+def test_recipe_bench_trains_and_evaluates_both_configs_for_equal_iterations(launch, tmp_path, data_dir):
+    """--iterations=N: every run trains exactly N iterations, whatever the machine's speed."""
     tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
-    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--max_seconds=1", "--seeds=1",
+    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--iterations=7", "--seeds=1",
                        "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1", f"--train_args={tiny}",
                        f"--work_dir={tmp_path / 'runs'}")
-    assert [run["returncode"] for run in result["runs"]] == [0, 0]
+    assert [(run["returncode"], run["iterations"]) for run in result["runs"]] == [(0, 7), (0, 7)]
+    assert all(run["train_config"]["max_seconds"] == 0 for run in result["runs"]), "the schedule counts iterations"
     assert set(result["summary"]) == {"nanogpt_cpu_reference", "default"}
     for label, summary in result["summary"].items():
         assert summary["val_loss"]["n"] == 1 and 0 < summary["val_loss"]["mean"] < 10, label
