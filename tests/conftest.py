@@ -64,9 +64,13 @@ import importlib, json, os, runpy, signal, sys, time, traceback
 root, probe = sys.argv[1], sys.argv[2:]
 
 
+# a virtual environment inside the repository (the README's .venv) holds packages, not our modules
+packages = sys.prefix + os.sep if sys.prefix.startswith(root + os.sep) else None
+
+
 def ours(module):  # the project's own modules: imported afresh by every child, never by the server
-    path = getattr(module, "__file__", None)
-    return bool(path) and os.path.abspath(path).startswith(root + os.sep)
+    path = os.path.abspath(getattr(module, "__file__", None) or os.sep)
+    return path.startswith(root + os.sep) and not (packages and path.startswith(packages))
 
 
 # Import, once, the third-party modules that the scripts import: a throwaway child imports the
