@@ -2,6 +2,7 @@
 identical, 2 ranks x 1 micro-step equal 1 rank x 2 micro-steps, and FSDP2 trains and writes a
 checkpoint that loads into a plain model; both evaluate as one process does. Ranks read disjoint
 batches."""
+import collections
 import os
 import re
 
@@ -30,19 +31,22 @@ def evaluation(stdout):
     return tuple(map(float, found[0]))
 
 
+Run = collections.namedtuple("Run", "weights evaluation")
+
+
 @pytest.fixture(scope="module")
 def single(data_dir, tmp_path_factory, launch):
-    """One process with 2 micro-batches a step, what 2 ranks must reproduce: (its final weights, its evaluation)."""
+    """One process with 2 micro-batches a step: what 2 ranks must reproduce."""
     out = str(tmp_path_factory.mktemp("single"))
     proc = launch("train.py", *TINY, "--gradient_accumulation_steps=2", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert proc.returncode == 0, proc.stderr
-    return final_weights(out), evaluation(proc.stdout)
+    return Run(final_weights(out), evaluation(proc.stdout))
 
 
 def assert_evaluates_as_one_process(out, single):
     """3 evaluation batches on 2 ranks: FSDP gathers weights in every forward, so both ranks must run
     as many (a hang otherwise); the losses are those of one process over the same 3 batches."""
-    assert evaluation(out) == pytest.approx(single[1], abs=1e-4, rel=0)
+    assert evaluation(out) == pytest.approx(single.evaluation, abs=1e-4, rel=0)
 
 
 def rank_weights(out_dir):
@@ -59,7 +63,7 @@ def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_p
     assert "2 process(es) ddp" in out
     assert out.count("saved ") == 1, "only rank 0 writes checkpoints"
     ddp = final_weights(tmp_path)
-    for name, w in single[0].items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
+    for name, w in single.weights.items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
         assert torch.allclose(ddp[name], w, atol=1e-5, rtol=0), name
     assert any(not torch.equal(w, GPT(GPTConfig(**load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))["model_config"]))
                                .state_dict()[n]) for n, w in ddp.items()), "training changed nothing"
@@ -77,7 +81,7 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
     model = GPT(GPTConfig(**checkpoint["model_config"]))
     model.load_state_dict(clean_state_dict(checkpoint["model"]))  # strict: every tensor whole and present
     for name, w in model.state_dict().items():  # sharded training computes the same function
-        assert torch.allclose(w, single[0][name], atol=1e-5, rtol=0), name
+        assert torch.allclose(w, single.weights[name], atol=1e-5, rtol=0), name
     assert_evaluates_as_one_process(out, single)
 
 
