@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal
 
 import numpy as np
@@ -36,7 +36,8 @@ from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
                          relaunch_command, stop_if_a_peer_is_gone)
-from hardware import DType, autocast, check_threads, enable_tf32, pick_device, pick_dtype, set_up_cpu
+from hardware import (DType, autocast, check_threads, cpu_has_bf16, enable_tf32, pick_device, pick_dtype,
+                      set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
 from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
                    is_pretrained_source)
@@ -53,7 +54,7 @@ class TrainConfig(GPTConfig):
     block_size: int = 64  # the context: tokens per training sequence
     n_layer: int = 4
     n_head: int = 4
-    n_embd: int = 128
+    n_embd: int = 0  # width of the residual stream; 0: 128, or 96 on a CPU without bf16 instructions
     pos_embedding: Positions = "rope"
     activation: Activation = "relu2"  # relu(x)^2: cheaper than GELU, and as good or better in 190 s (bench/README.md)
     # I/O
@@ -96,8 +97,8 @@ class TrainConfig(GPTConfig):
         for name in ("batch_size", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "warmup_iters",
-                     "min_lr", "weight_decay", "grad_clip"):
+        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
+                     "warmup_iters", "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("learning_rate", "muon_lr"):
@@ -112,12 +113,28 @@ class TrainConfig(GPTConfig):
         if self.init_from not in ("scratch", "resume") and not is_pretrained_source(self.init_from):
             raise ValueError(f"init_from={self.init_from!r} is none of: scratch, resume, a GPT-2 name "
                              f"({', '.join(GPT2_NAMES)}), a Hugging Face name (owner/model), a local directory")
-        model_config(self, self.vocab_size or 1)  # the model's own checks (n_embd % n_head, ...)
+        for n_embd in (self.n_embd,) if self.n_embd else MACHINE_WIDTHS:  # n_embd=0 must fit every machine
+            model_config(self, self.vocab_size or 1, n_embd=n_embd)  # the model's own checks (n_embd % n_head, ...)
 
 
-def model_config(cfg, vocab_size):
+# n_embd=0's width: 128, or 96 on a CPU without bf16 instructions. Such a CPU trains in fp32 at about a
+# quarter of bf16's arithmetic a second, and in its 190 s a narrower model, taking more steps, learns more
+# (bench/README.md, "On an AVX2-only CPU")
+MACHINE_WIDTHS = (128, 96)
+
+
+def with_machine_width(cfg, device_type):
+    """cfg with n_embd=0 made this machine's width (MACHINE_WIDTHS); a set n_embd stays."""
+    if cfg.n_embd:
+        return cfg
+    wide, narrow = MACHINE_WIDTHS
+    return replace(cfg, n_embd=narrow if device_type == "cpu" and not cpu_has_bf16() else wide)
+
+
+def model_config(cfg, vocab_size, **overrides):
     """The GPTConfig that cfg's model settings describe, for a vocabulary of vocab_size tokens."""
-    return GPTConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}, "vocab_size": vocab_size})
+    return GPTConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}, "vocab_size": vocab_size,
+                        **overrides})
 
 
 def main(cfg):
@@ -128,6 +145,7 @@ def main(cfg):
         error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             setup = set_up(cfg)
+            cfg = with_machine_width(cfg, setup.device_type)  # what the checkpoint and the log record
             data = load_data(cfg, setup)
             checkpoint = load_resume_point(cfg, data.meta, setup)
             torch.manual_seed(cfg.seed)

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -28,7 +28,7 @@ from attention_map import write_attention_page
 from bench.benchutil import default_out, md_table, machine_info, parse, print_machine, split_list, write_json
 from data.tokenizer import GPT2Tokenizer
 from model import GPT, GPTConfig
-from train import TrainConfig, model_config
+from train import TrainConfig, model_config, with_machine_width
 
 CASES = ("default", "gpt2")
 GOAL_MB = {"default": 5.0, "gpt2": 20.0}  # at the stated token counts
@@ -56,8 +56,8 @@ def case_model(case, seed):
         tokenizer = GPT2Tokenizer()
         return GPT(GPTConfig()).eval(), lambda i: tokenizer.decode([i])
     characters = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ\n.,;:!?'-&$3"  # 65, as the default corpus
-    return GPT(replace(model_config(TrainConfig(), len(characters)), block_size=TrainConfig.block_size)).eval(), \
-        lambda i: characters[i]
+    default = with_machine_width(TrainConfig(), "cpu")  # train.py's default model on this CPU
+    return GPT(model_config(default, len(characters))).eval(), lambda i: characters[i]
 
 
 def measure(case, n_tokens, seed, work_dir):

@@ -139,9 +139,9 @@ def build_model(cfg):
         data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
         vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
     try:
-        config = replace(model_config(TrainConfig(), vocab), block_size=cfg.block_size,
-                         n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                         attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
+        config = model_config(TrainConfig(), vocab, block_size=cfg.block_size, n_layer=cfg.n_layer,
+                              n_head=cfg.n_head, n_embd=cfg.n_embd,
+                              attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
     except ValueError as e:
         fail(e)
     torch.manual_seed(cfg.seed)

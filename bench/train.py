@@ -51,7 +51,7 @@ from data.prepare import TOKEN_DTYPE
 from data.tokenizer import GPT2_VOCAB_SIZE
 from hardware import DType, enable_tf32, peak_flops, pick_dtype
 from model import GPT, Activation
-from train import TrainConfig, model_config
+from train import TrainConfig, model_config, with_machine_width
 
 AXES = ("compile", "dtype", "attention", "optimizer", "activation")
 # --variants=execution: how nanoGPT executes a step on a CPU (fp32, PyTorch's SDPA, no compile) against
@@ -370,7 +370,7 @@ def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
     set_threads(cfg.threads)
-    tcfg = train_config(cfg)
+    tcfg = with_machine_width(train_config(cfg), device_type)  # the model train.py trains here
     vocab, vocab_from = vocab_size(cfg, tcfg)
     axes, specs = variant_list(cfg, tcfg, device_type)
     set_up_device(device_type, specs)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from checkpoint import RESUME_KEYS, model_from_checkpoint
-from configurator import ConfigError, load_config
+from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
 from model import GPT
@@ -286,6 +286,27 @@ def test_the_default_compiles_before_the_clock_starts(tmp_path, data_dir, monkey
     assert load(tmp_path / "out" / "ckpt.pt")["trained_seconds"] < 1.5
 
 
+def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_path, data_dir, monkeypatch):
+    """n_embd=0 trains 128 wide where the CPU has bf16 instructions and 96 wide where it has not (whatever
+    --dtype says); the checkpoint's settings hold the width, so the same flags resume it; a set n_embd
+    stays, and GPUs take the wide one. A width n_head does not divide fails on every machine alike."""
+    import train
+    wide, narrow = train.MACHINE_WIDTHS
+    for bf16, width in ((True, wide), (False, narrow)):
+        monkeypatch.setattr(train, "cpu_has_bf16", lambda: bf16)
+        out = tmp_path / str(width)
+        assert train.main(tiny_config(data_dir, out, compile=False, n_embd=0)).config.n_embd == width
+        checkpoint = load(out / "ckpt.pt")
+        assert checkpoint["config"]["n_embd"] == checkpoint["model_config"]["n_embd"] == width
+        resumed = train.main(tiny_config(data_dir, out, compile=False, n_embd=0, init_from="resume", max_iters=5))
+        assert resumed.config.n_embd == width and load(out / "ckpt.pt")["iter_num"] == 5
+        assert train.with_machine_width(tiny_config(data_dir, out, n_embd=32), "cpu").n_embd == 32
+        assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
+    with pytest.raises(ValueError, match=f"n_embd={wide} must be divisible by n_head=3"):
+        tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
+    assert f"0: {wide}, or {narrow} on a CPU without bf16" in help_text(train.TrainConfig)
+
+
 def test_the_log_line_after_an_evaluation_does_not_count_it(tmp_path, data_dir, monkeypatch):
     """ms/iter, tokens/s and MFU are training speed: a 3 s evaluation between two log lines stays out."""
     import train
@@ -461,7 +482,7 @@ def test_flag_without_equals(TrainConfig):
 
 @pytest.mark.parametrize("flag, key", [
     ("--batch_size=0", "batch_size"), ("--max_iters=-1", "max_iters"), ("--n_embd=30", "n_embd"),
-    ("--dropout=1.0", "dropout"), ("--learning_rate=0", "learning_rate"), ("--learning_rate=-1", "learning_rate"),
+    ("--n_embd=-1", "n_embd"), ("--dropout=1.0", "dropout"), ("--learning_rate=0", "learning_rate"), ("--learning_rate=-1", "learning_rate"),
     ("--learning_rate=nan", "learning_rate"), ("--muon_lr=0", "muon_lr"), ("--min_lr=-1e-4", "min_lr"),
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
