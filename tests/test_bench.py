@@ -99,20 +99,10 @@ def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_p
     assert not result["requirements"]["kv_cache_vs_transformers"]["applies"]  # stated for GPT-2 124M only
 
 
-def test_recipe_bench_trains_and_evaluates_both_configs_for_equal_iterations(launch, tmp_path, data_dir):
-    """--iterations=N: every run trains exactly N iterations, whatever the machine's speed."""
-    tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
-    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--iterations=7", "--seeds=1",
-                       "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1", f"--train_args={tiny}",
-                       f"--work_dir={tmp_path / 'runs'}")
-    assert [(run["returncode"], run["iterations"]) for run in result["runs"]] == [(0, 7), (0, 7)]
-    assert all(run["train_config"]["max_seconds"] == 0 for run in result["runs"]), "the schedule counts iterations"
-    assert set(result["summary"]) == {"nanogpt_cpu_reference", "default"}
-    for label, summary in result["summary"].items():
-        assert summary["val_loss"]["n"] == 1 and 0 < summary["val_loss"]["mean"] < 10, label
-
-
-def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one(launch, tmp_path, data_dir):
+def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_iterations(launch, tmp_path,
+                                                                                          data_dir):
+    """--base_repo: each config runs with the other checkout's train.py too; --iterations=N: every run
+    trains exactly N iterations on the iteration schedule, whatever the machine's speed."""
     base = tmp_path / "base"  # another checkout's code: here a copy whose train.py says who it is
     base.mkdir()
     for module in Path(ROOT).glob("*.py"):
@@ -122,9 +112,11 @@ def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one(launch, tmp
         'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    print("the base checkout")\n'))
     tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
     result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
-                       "--max_seconds=1", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2",
+                       "--iterations=7", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2",
                        "--train_eval_iters=1", f"--train_args={tiny}", f"--work_dir={tmp_path / 'runs'}")
-    assert [(run["label"], run["returncode"]) for run in result["runs"]] == [("base-default", 0), ("default", 0)]
+    runs = [(run["label"], run["returncode"], run["iterations"]) for run in result["runs"]]
+    assert runs == [("base-default", 0, 7), ("default", 0, 7)]
+    assert all(run["train_config"]["max_seconds"] == 0 for run in result["runs"]), "the schedule counts iterations"
     logs = {label: (tmp_path / "runs" / f"{label}-seed1" / "train.log").read_text() for label in ("base-default", "default")}
     assert "the base checkout" in logs["base-default"] and "the base checkout" not in logs["default"]
     for label, summary in result["summary"].items():
