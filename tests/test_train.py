@@ -304,6 +304,8 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
     with pytest.raises(ValueError, match=f"n_embd={wide} must be divisible by n_head=3"):
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
+    with pytest.raises(ValueError, match="n_embd must not be negative"):  # not "positive": 0 is a choice
+        tiny_config(data_dir, tmp_path, n_embd=-1)
     assert f"0: {wide}, or {narrow} on a CPU without bf16" in help_text(train.TrainConfig)
 
 
@@ -482,7 +484,7 @@ def test_flag_without_equals(TrainConfig):
 
 @pytest.mark.parametrize("flag, key", [
     ("--batch_size=0", "batch_size"), ("--max_iters=-1", "max_iters"), ("--n_embd=30", "n_embd"),
-    ("--n_embd=-1", "n_embd"), ("--dropout=1.0", "dropout"), ("--learning_rate=0", "learning_rate"), ("--learning_rate=-1", "learning_rate"),
+    ("--dropout=1.0", "dropout"), ("--learning_rate=0", "learning_rate"), ("--learning_rate=-1", "learning_rate"),
     ("--learning_rate=nan", "learning_rate"), ("--muon_lr=0", "muon_lr"), ("--min_lr=-1e-4", "min_lr"),
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
