@@ -15,7 +15,8 @@ trains N iterations on train.py's iteration schedule (--max_seconds=0) instead: 
 leaves a step's cost as it was, this takes the machine's speed, which swings from minute to minute on
 a shared machine, out of the comparison, and leaves only the seeds' spread (bench/README.md).
 train.py's periodic evaluations are turned off (--eval_interval huge) and its final one shortened
-(--eval_iters=train_eval_iters): this script does the evaluation that counts. "default" in --configs means train.py with no config file.
+(--eval_iters=train_eval_iters): this script does the evaluation that counts. "default" in --configs
+means train.py with no config file.
 Evaluation: eval_batches batches of eval_batch_size x eval_block_size tokens from val.bin, drawn once
 from a generator seeded with eval_seed, the same for every checkpoint (eval_block_size defaults to the
 smallest block_size among the runs, so every model can take it); float32, no dropout. The same for
