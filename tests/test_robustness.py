@@ -606,10 +606,14 @@ def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, dat
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
 
 
+# A preparation that works in short slices, as a real one runs Python: the kernel may hand a Ctrl-C to
+# any of the process's threads (torch's included), and then one long sleep in the main thread never
+# sees it; a Python loop does, at its next instruction.
 SLOW_PREPARATION = """
 import sys, time
 import data.shakespeare, train
-train.prepare_shakespeare_char = lambda out_dir: (print("preparing", flush=True), time.sleep(60))
+train.prepare_shakespeare_char = lambda out_dir: (print("preparing", flush=True),
+                                                  [time.sleep(0.05) for _ in range(1200)])
 train.main(train.config_from_argv(train.TrainConfig))
 """
 
