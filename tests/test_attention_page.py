@@ -72,21 +72,24 @@ def pick(browser, layer, head, query):
     browser.find_elements(By.CSS_SELECTOR, "#text .tok")[query].click()
 
 
+# The page's state is read in one script each, not an element at a time: each WebDriver call is a round
+# trip, and reading a 54-token text attribute by attribute took seconds.
+TEXT_STATE = """return [...document.querySelectorAll('#text .tok')].map(
+    s => [s.dataset.weight, s.classList.contains('masked'), s.classList.contains('outside')])"""
+PANEL = """const rows = [...document.querySelectorAll('#steps tbody tr[data-key]')].map(tr => [tr.dataset.key,
+    Object.fromEntries([...tr.querySelectorAll('td[class]')].map(td => [td.className, td.innerText]))]);
+return [rows, ...['d', 'sum', 'norm'].map(id => document.getElementById(id).innerText)]"""
+
+
 def text_state(browser):
     """Per token on the text: (its weight, masked?, outside the window?)."""
-    from selenium.webdriver.common.by import By
-    return [(float(s.get_attribute("data-weight")), "masked" in s.get_attribute("class").split(),
-             "outside" in s.get_attribute("class").split()) for s in browser.find_elements(By.CSS_SELECTOR, "#text .tok")]
+    return [(float(weight), masked, outside) for weight, masked, outside in browser.execute_script(TEXT_STATE)]
 
 
 def panel(browser):
     """The panel's table: {key: {column: text}}, and the texts of d, Σ α and |o|."""
-    from selenium.webdriver.common.by import By
-    rows = {}
-    for tr in browser.find_elements(By.CSS_SELECTOR, "#steps tbody tr[data-key]"):
-        rows[int(tr.get_attribute("data-key"))] = {td.get_attribute("class"): td.text
-                                                   for td in tr.find_elements(By.CSS_SELECTOR, "td[class]")}
-    return rows, *(browser.find_element(By.ID, name).text for name in ("d", "sum", "norm"))
+    rows, *texts = browser.execute_script(PANEL)
+    return {int(key): row for key, row in rows}, *texts  # in the table's order
 
 
 def expected(model, ids, query):
