@@ -940,29 +940,11 @@ def run_case(launch, case, ctx):
     return ctx, command, proc, before, snapshot(ctx.dir, ctx.data, ctx.trained)
 
 
-@pytest.fixture(scope="module")
-def bad_input_runs(request, tmp_path_factory, data_dir, trained, launch):
-    """Run the selected cases up front, one process each; each test then checks its own."""
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_bad_input" and hasattr(item, "callspec")]
-    results = {}
-    for case in selected:
-        if not case.skip:
-            try:
-                results[case.id] = run_case(launch, case, Ctx(tmp_path_factory.mktemp(case.id), data_dir, trained))
-            except Exception as e:  # reported by that case's test
-                results[case.id] = e
-    return results
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case, bad_input_runs):
+def test_bad_input(case, tmp_path, data_dir, trained, launch):
     if case.skip:
         pytest.skip(case.skip)
-    result = bad_input_runs[case.id]
-    if isinstance(result, Exception):
-        raise result
-    ctx, command, proc, before, after = result
+    ctx, command, proc, before, after = run_case(launch, case, Ctx(tmp_path, data_dir, trained))
     where = f"{' '.join(command)}\n{describe(proc)}"
     assert proc.returncode == 2, where
     assert "Traceback" not in proc.stdout + proc.stderr, where
