@@ -45,6 +45,7 @@ def test_compiled_model_trains_like_eager(device, attention, dtype, tolerance):
         assert abs(a - b) < tolerance, losses
 
 
+@pytest.mark.slow  # as sample.py --compile=true is opt-in; ~50 s of cold compiles on a 2-core CPU
 @pytest.mark.compiles
 def test_compiled_decoding_reads_every_weight_as_a_fused_reduction():
     """sample.py --compile=true: greedy decoding gives the eager model's tokens, and its compiled

@@ -371,8 +371,8 @@ def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time(tmp
 def test_sample_py_compiled_for_decoding_writes_what_it_writes_uncompiled(tmp_path, data_dir, launch):
     """--compile=true compiles every shape decoding meets before the prompt prints, then samples the
     very tokens the uncompiled model samples (same seed), past the window's end (block_size 8).
-    Opt-in, as --compile=true is, for its cold compile (~30 s, more on a fresh machine); the suite checks
-    compiled decoding's tokens in test_compile.py, in a process of its own."""
+    Opt-in, as --compile=true is, for its cold compile (~30 s, more on a fresh machine), with its
+    in-process counterpart in test_compile.py."""
     out = tmp_path / "out"
     check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=20"))
     args = ["sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=30", "--num_samples=2"]
