@@ -361,7 +361,7 @@ def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time(tmp
         assert re.search(r"^compiled in [0-9.]+ s$", proc.stdout, re.M), proc.stdout
         losses = [float(m[1]) for m in LOG_LINE.findall(proc.stdout)]
         assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
-        weights.append(torch.load(out / "ckpt.pt", weights_only=True)["model"])
+        weights.append(load(out / "ckpt.pt")["model"])
     assert weights[0].keys() == weights[1].keys()
     assert [name for name in weights[0] if not torch.equal(weights[0][name], weights[1][name])] == []
 
@@ -371,8 +371,8 @@ def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time(tmp
 def test_sample_py_compiled_for_decoding_writes_what_it_writes_uncompiled(tmp_path, data_dir, launch):
     """--compile=true compiles every shape decoding meets before the prompt prints, then samples the
     very tokens the uncompiled model samples (same seed), past the window's end (block_size 8).
-    Opt-in, as --compile=true is, for its cold compile (~30 s, more on a fresh machine), with its
-    in-process counterpart in test_compile.py."""
+    Opt-in (slow), as --compile=true is, for its cold compile (~30 s, more on a fresh machine), as is
+    test_compile.py's check of compiled decoding's tokens and fused reductions."""
     out = tmp_path / "out"
     check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=20"))
     args = ["sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=30", "--num_samples=2"]
