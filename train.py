@@ -84,7 +84,7 @@ class TrainConfig(GPTConfig):
     grad_clip: float = 1.0  # clip the gradient norm to this; 0: no clipping
     warmup_iters: int = 100  # iterations of linear warm-up
     lr_decay_iters: int = 0  # iterations of cosine decay when max_seconds is 0; 0: max_iters
-    min_lr: float = 2e-4  # AdamW's rate at the end of the decay
+    min_lr: float = 0.0  # AdamW's rate at the end of the decay (0: all rates decay to zero, which learns more)
     # system
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
