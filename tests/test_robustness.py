@@ -611,8 +611,11 @@ def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, dat
 # any of the process's threads (torch's included), and then one long sleep in the main thread never
 # sees it; a Python loop does, at its next instruction.
 SLOW_PREPARATION = """
-import sys, time
+import signal, sys, time
 import data.shakespeare, train
+# Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT (a
+# background job does), which the child would otherwise inherit
+signal.signal(signal.SIGINT, signal.default_int_handler)
 train.prepare_shakespeare_char = lambda out_dir: (print("preparing", flush=True),
                                                   [time.sleep(0.05) for _ in range(1200)])
 train.main(train.config_from_argv(train.TrainConfig))
