@@ -16,7 +16,10 @@ from configurator import fail
 
 
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends (linux/prctl.h)
-AGREE_SECONDS = 2.0  # under torchrun the ranks compare signals, the clock and the loss this often
+# under torchrun the ranks compare signals, the clock and the loss this often: an agreement is one tiny
+# all_reduce, and a machine that slows down stretches the wait for the next one (torchrun gives its
+# workers 30 s between its SIGTERM and a SIGKILL)
+AGREE_SECONDS = 1.0
 
 
 def fail_together(error, status=2):
@@ -45,11 +48,12 @@ def agree_on_stop(signum, elapsed, failed, device):
 class AgreementSchedule:
     """The iterations at which torchrun's ranks agree (agree_on_stop): about every AGREE_SECONDS of
     training whatever log_interval is, and more often as max_seconds nears, from the pace between the
-    last two agreements. Every rank computes it from the same agreed numbers, so all pick the same iteration;
-    no host sync happens in between."""
+    last two agreements. The gap at most doubles from one agreement to the next, so a first step that
+    ran fast cannot set a gap far longer than AGREE_SECONDS. Every rank computes it from the same agreed
+    numbers, so all pick the same iteration; no host sync happens in between."""
 
     def __init__(self, max_seconds):
-        self.max_seconds, self.next_iter, self.last = max_seconds, 0, None
+        self.max_seconds, self.next_iter, self.last, self.step = max_seconds, 0, None, 1
 
     def due(self, iter_num):
         return iter_num >= self.next_iter
@@ -60,8 +64,8 @@ class AgreementSchedule:
             per_iter = (elapsed - self.last[1]) / (iter_num - self.last[0])
             # half the time left, near the end: a pace that slows cannot carry the run far past max_seconds
             left = (self.max_seconds - elapsed) / 2 if self.max_seconds > 0 else AGREE_SECONDS
-            step = max(1, int(min(AGREE_SECONDS, left) / per_iter))
-        self.last, self.next_iter = (iter_num, elapsed), iter_num + step
+            step = max(1, min(2 * self.step, int(min(AGREE_SECONDS, left) / per_iter)))
+        self.last, self.step, self.next_iter = (iter_num, elapsed), step, iter_num + step
 
 
 def relaunch_command(args):

@@ -32,10 +32,10 @@ class TrainingLog:
         self.device_type, self.dtype = setup.device_type, setup.dtype
         self.busy = BusyCheck(self.tokens_per_iter) if setup.device_type == "cpu" else None
         if setup.master:
+            processes = f"{setup.world_size} process(es)" + (f" {cfg.parallelism}" if setup.distributed else "")
             print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {str(setup.dtype)[6:]} | "
-                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {setup.world_size} process(es) "
-                  f"{cfg.parallelism if setup.distributed else ''}| {self.tokens_per_iter:,} tokens/iter | "
-                  f"MFU against {source}")
+                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {processes} | "
+                  f"{self.tokens_per_iter:,} tokens/iter | MFU against {source}")
 
     def open(self, iter_num):
         """Training begins at iter_num: start the clock between log lines and the records in out_dir."""

@@ -11,6 +11,7 @@ import torch
 
 from checkpoint import clean_state_dict, load_checkpoint
 from data.loader import Batches
+from distributed import AGREE_SECONDS, AgreementSchedule
 from helpers import torchrun
 from model import GPT, GPTConfig
 
@@ -60,7 +61,7 @@ def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_p
     assert "| 128 tokens/iter |" in out, out  # 2 micro-batches x 4 sequences x 16 tokens
     rank0, rank1 = rank_weights(tmp_path)
     assert torch.equal(rank0, rank1), "DDP replicas drifted apart"
-    assert "2 process(es) ddp" in out
+    assert "| 2 process(es) ddp | " in out
     assert out.count("saved ") == 1, "only rank 0 writes checkpoints"
     ddp = final_weights(tmp_path)
     for name, w in single.weights.items():  # 2 ranks x 1 micro-step == 1 rank x 2 micro-steps
@@ -73,7 +74,7 @@ def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_p
 def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, single, tmp_path):
     out = torchrun("tests/distributed_worker.py", *TINY, "--parallelism=fsdp", f"--data_dir={data_dir}",
                    f"--out_dir={tmp_path}")
-    assert "2 process(es) fsdp" in out
+    assert "| 2 process(es) fsdp | " in out
     total = GPT(GPTConfig(**load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))["model_config"])).num_params(False)
     shard0, shard1 = rank_weights(tmp_path)
     assert shard0.numel() + shard1.numel() == total and 0 < shard0.numel() < total, "each rank holds a shard"
@@ -94,3 +95,34 @@ def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
         rank0, rank1 = shared[0::2], shared[1::2]
         assert not set(rank0.flatten().tolist()) & set(rank1.flatten().tolist())
         assert torch.equal(torch.cat([rank0, rank1]).sort(0).values, single.sort(0).values)
+
+
+def agreements(schedule, seconds_per_iter, until_seconds):
+    """The (iteration, training seconds) of each agreement of a loop whose i-th step takes
+    seconds_per_iter(i), run until the first agreement at or past until_seconds."""
+    found, iter_num, elapsed = [], 0, 0.0
+    while not found or found[-1][1] < until_seconds:
+        elapsed += seconds_per_iter(iter_num)
+        iter_num += 1
+        if schedule.due(iter_num):
+            schedule.agreed(iter_num, elapsed)
+            found.append((iter_num, elapsed))
+    return found
+
+
+def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
+    """At a steady 1 ms a step the gap between agreements doubles from one step to AGREE_SECONDS'
+    worth; a step that turns 10x slower stretches one gap, and the next is short again; with
+    max_seconds the last agreement lands just past it."""
+    found = agreements(AgreementSchedule(0), lambda i: 1e-3 if i < 5000 else 1e-2, until_seconds=40)
+    gaps = [b[0] - a[0] for a, b in zip(found, found[1:])]
+    steady = int(AGREE_SECONDS / 1e-3)
+    assert gaps[:6] == [1, 2, 4, 8, 16, 32] and steady in gaps
+    assert max(gaps) == steady  # never longer than AGREE_SECONDS at the pace last measured
+    assert gaps[-1] == pytest.approx(AGREE_SECONDS / 1e-2, abs=1)  # the slower pace, measured
+    seconds = [b[1] - a[1] for a, b in zip(found, found[1:])]
+    stretched = seconds.index(max(seconds))  # the one gap the slow-down stretched, by at most its 10x
+    assert 2 * AGREE_SECONDS < seconds[stretched] <= 10 * AGREE_SECONDS + 1e-9
+    assert max(seconds[stretched + 1:]) <= AGREE_SECONDS * 1.01
+    last = agreements(AgreementSchedule(max_seconds=7.0), lambda i: 1e-3, until_seconds=7.0)[-1]
+    assert 7.0 <= last[1] < 7.0 + 0.01

@@ -393,11 +393,16 @@ def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_
     proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=1000000", "--log_interval=1000000")
     try:
         deadline = time.time() + 60
-        while not (tmp_path / "out" / ".lock").exists() and time.time() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # training, past the first agreements
+        workers = []
+        while not (len(workers) == 2 and all(catches(w, signal.SIGTERM) for w in workers)) and time.time() < deadline:
+            time.sleep(0.2)  # until both workers train: train.py's handler is in
+            workers = children(proc.pid)
+        time.sleep(1)  # past the first agreements
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
+        try:
+            proc.communicate(timeout=30)  # torchrun's own grace before it SIGKILLs its workers
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the workers did not stop within 30 s of SIGTERM: {rank_logs(logs, 'stderr')}")
     finally:
         kill_quietly(proc)
     stdout = rank_logs(logs, "stdout")[0]
@@ -460,6 +465,16 @@ def children(pid):
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def catches(pid, signum):
+    """Process pid has a handler of its own for signum (Linux's /proc: the SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = int(re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+    return bool(mask >> (signum - 1) & 1)
 
 
 def running(pid):
