@@ -387,6 +387,7 @@ def test_under_torchrun_the_clock_stops_the_ranks_whatever_log_interval_is(tmp_p
     assert done and 3 <= float(done.group(2)) < 3.5 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc to know that the workers train")
 def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_path, data_dir):
     """A SIGTERM to torchrun itself (which passes it to its workers), with no log line due: within
     seconds rank 0 saves, prints a resume command that starts with torchrun, and releases the lock."""
