@@ -53,7 +53,7 @@ class AgreementSchedule:
     numbers, so all pick the same iteration; no host sync happens in between."""
 
     def __init__(self, max_seconds):
-        self.max_seconds, self.next_iter, self.last, self.step = max_seconds, 0, None, 1
+        self.max_seconds, self.next_iter, self.last = max_seconds, 0, None
 
     def due(self, iter_num):
         return iter_num >= self.next_iter
@@ -64,8 +64,9 @@ class AgreementSchedule:
             per_iter = (elapsed - self.last[1]) / (iter_num - self.last[0])
             # half the time left, near the end: a pace that slows cannot carry the run far past max_seconds
             left = (self.max_seconds - elapsed) / 2 if self.max_seconds > 0 else AGREE_SECONDS
-            step = max(1, min(2 * self.step, int(min(AGREE_SECONDS, left) / per_iter)))
-        self.last, self.step, self.next_iter = (iter_num, elapsed), step, iter_num + step
+            gap = self.next_iter - self.last[0]  # the one this agreement ends
+            step = max(1, min(2 * gap, int(min(AGREE_SECONDS, left) / per_iter)))
+        self.last, self.next_iter = (iter_num, elapsed), iter_num + step
 
 
 def relaunch_command(args):

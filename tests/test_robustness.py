@@ -398,6 +398,7 @@ def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_
         while not (len(workers) == 2 and all(catches(w, signal.SIGTERM) for w in workers)) and time.time() < deadline:
             time.sleep(0.2)  # until both workers train: train.py's handler is in
             workers = children(proc.pid)
+        assert len(workers) == 2 and all(catches(w, signal.SIGTERM) for w in workers), "the workers never trained"
         time.sleep(1)  # past the first agreements
         proc.send_signal(signal.SIGTERM)
         try:
