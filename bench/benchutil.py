@@ -140,10 +140,11 @@ def timed(fn, device, inner=1):
     return (time.perf_counter() - start) / inner
 
 
-def profiled(fn, device):
-    """Run fn once under torch.profiler (CPU ops, and CUDA kernels on a GPU): (wall seconds, profiler)."""
+def profiled(fn, device, record_shapes=False):
+    """Run fn once under torch.profiler (CPU ops, and CUDA kernels on a GPU): (wall seconds, profiler).
+    record_shapes: each op's events also say its arguments' shapes, strides, dtypes and numbers."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=record_shapes) as prof:
         wall = timed(fn, device)
     return wall, prof
 

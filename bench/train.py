@@ -5,6 +5,7 @@ bf16 autocast, manual vs sdpa vs flash attention, AdamW vs Muon, GELU's tanh for
     python bench/train.py                                         # the CPU default model: dtype x attention
     python bench/train.py configs/gpt2_124m.toml --batch_size=16 --variants=compile --attention=flash --dtype=bfloat16
     python bench/train.py --variants=attention --attentions=sdpa,flash --repeats=3 --out=/tmp/t.json
+    python bench/train.py --variants=none --matmuls=true         # how much of the step is its matrix multiplies
 
 A step is train.py's own train_step, called as train.py calls it: batches drawn and loaded from a
 token array, forward under autocast, backward, gradient clipping, the optimizer step
@@ -31,6 +32,7 @@ import contextlib
 import io
 import itertools
 import shutil
+import statistics
 import tempfile
 import time
 import typing
@@ -89,6 +91,7 @@ class TrainBench:
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
     loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
     profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops and compiled kernels
+    matmuls: bool = False  # then time the matrix multiplies of one step of each variant without the rest of the step (same shapes, strides, dtypes): in the step's order, and each alone
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
@@ -301,9 +304,10 @@ def time_variants(cfg, variants, device, tokens_per_step):
             continue
         rec["step_time"] = summary(samples[id(rec)])
         rec["tokens_per_s"] = tokens_per_step / rec["step_time"]["median"]
-        if cfg.loop:  # what train.py's loop costs beyond its step
+        if cfg.loop:  # what train.py's loop costs beyond its step: paired by round, as the machine's speed drifts
             rec["loop_time"] = summary(loops[id(rec)])
-            rec["loop_overhead"] = rec["loop_time"]["median"] / rec["step_time"]["median"] - 1
+            rec["loop_overhead"] = statistics.median(loop / step for loop, step in
+                                                     zip(loops[id(rec)], samples[id(rec)])) - 1
         flops = rec["flops_per_token"] * rec["tokens_per_s"]
         if rec["peak_flops"] and flops > rec["peak_flops"]:  # the probe was low: it is raised, MFU stays <= 100%
             rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, reached=flops)[0]
@@ -338,6 +342,71 @@ def profile_variants(cfg, variants, device):
                        [[k, f"{ms:.2f}", f"{ms / (wall * 1e3):.1%}"] for k, ms in rec["profile"]["top_ops_ms"].items()]))
 
 
+# the matrix multiplies a step calls, as the profiler names them, and how many of their arguments are tensors
+MATMULS = {"aten::mm": 2, "aten::bmm": 2, "aten::addmm": 3, "aten::baddbmm": 3}
+PROFILER_DTYPES = {"float": torch.float32, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16,
+                   "double": torch.float64}
+
+
+def step_matmuls(v, device):
+    """Every matrix multiply one step of v makes, in its order, as (function, tensors, keywords) that
+    repeat it on new tensors of the same shapes, strides and dtypes (random values: a matmul's time
+    does not depend on them), from the profiler's record of the step's ops."""
+    _, prof = profiled(v.step, device, record_shapes=True)
+    calls = []
+    for e in prof.events():
+        if e.name not in MATMULS:
+            continue
+        n_tensors = MATMULS[e.name]
+        keywords = {"beta": e.concrete_inputs[3], "alpha": e.concrete_inputs[4]} if n_tensors == 3 else {}
+        if len(e.input_shapes) > n_tensors + len(keywords):  # a compiled graph passes its own buffer: out=
+            keywords["out"] = like_argument(e, len(e.input_shapes) - 1, device)
+        calls.append((getattr(torch, e.name.removeprefix("aten::")),
+                      [like_argument(e, i, device) for i in range(n_tensors)], keywords))
+    return calls
+
+
+def like_argument(event, i, device):
+    """A new tensor of random values shaped, strided and typed as the i-th argument of a profiled op."""
+    return torch.empty_strided(event.input_shapes[i], event.structured_input_strides[i], device=device,
+                               dtype=PROFILER_DTYPES[event.input_dtypes[i]]).normal_()
+
+
+def matmul_flops(tensors):
+    """2 * batch * M * K * N for a product of (..., M, K) and (..., K, N) (the last two of `tensors`)."""
+    a, b = tensors[-2], tensors[-1]
+    return 2 * a.shape[:-1].numel() * a.size(-1) * b.size(-1)
+
+
+def time_matmuls(cfg, variants, device):
+    """How much of a step is its matrix multiplies: each variant's, replayed without the rest of the
+    step, in the step's order (each operand then comes from memory as in the step), and each alone
+    (its median over repeated calls, times its calls: the speed those shapes reach at best)."""
+    for v, rec in variants:
+        if rec["status"] != "ok":
+            continue
+        calls = step_matmuls(v, device)
+        in_order = [timed(lambda: [fn(*t, **kw) for fn, t, kw in calls], device) for _ in range(cfg.repeats)]
+        alone, counts = {}, {}
+        for fn, tensors, keywords in calls:  # the same op on the same shapes is timed once
+            key = (fn.__name__, *((t.shape, t.stride(), t.dtype) for t in tensors), keywords.get("beta"),
+                   keywords.get("alpha"), "out" in keywords)
+            counts[key] = counts.get(key, 0) + 1
+            if key not in alone:
+                alone[key] = statistics.median(timed(lambda: fn(*tensors, **keywords), device)
+                                               for _ in range(cfg.repeats))
+        step_ms = rec["step_time"]["median"] * 1e3
+        rec["matmuls"] = {"calls": len(calls), "gflop": sum(matmul_flops(t) for _, t, _ in calls) / 1e9,
+                          "in_order_ms": statistics.median(in_order) * 1e3,
+                          "alone_ms": sum(alone[k] * n for k, n in counts.items()) * 1e3, "step_ms": step_ms}
+        m = rec["matmuls"]
+        print(f"\nmatrix multiplies of one step of {rec['name']}: {m['calls']} calls, {m['gflop']:.2f} GFLOP; "
+              f"without the rest of the step {m['in_order_ms']:.1f} ms in the step's order "
+              f"({m['gflop'] * 1e3 / m['in_order_ms']:.0f} GFLOP/s), {m['alone_ms']:.1f} ms each alone "
+              f"({m['gflop'] * 1e3 / m['alone_ms']:.0f} GFLOP/s); the step {step_ms:.1f} ms "
+              f"(in order, {m['in_order_ms'] / step_ms:.0%} of it)")
+
+
 def print_table(cfg, rows):
     base = next((rec for rec in rows if rec.get("tokens_per_s")), None)
     headers = ["variant", "ms/step", "min-max ms", "tokens/s", "MFU", "vs first", "compile s", "peak MiB"]
@@ -359,6 +428,7 @@ def print_table(cfg, rows):
     print(f"(median of {cfg.repeats} interleaved samples of {cfg.loop or cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
           f"steps; 'vs first' = tokens/s over the first variant's; "
           + (f"train.py ms/iter: its loop over {cfg.loop} iterations per round, as its clock counts them; "
+             "loop overhead: the median over rounds of the loop's time over the steps' in the same round, minus 1; "
              if cfg.loop else "") + "MFU against "
           f"{'; '.join(sorted({r['peak_source'] for r in rows if r.get('peak_source')}))})")
     for rec in rows:
@@ -401,6 +471,8 @@ def main(cfg):
     print_table(cfg, rows)
     if cfg.profile:
         profile_variants(cfg, variants, device)
+    if cfg.matmuls:
+        time_matmuls(cfg, variants, device)
     out = cfg.out or default_out("train", device)
     write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})

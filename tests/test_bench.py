@@ -65,6 +65,38 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
         assert row["profile"]["page_faults_per_step"] >= 0 and row["profile"]["kernel_cpu_ms_per_step"] >= 0
 
 
+def test_train_bench_times_train_pys_loop_against_the_step_round_by_round(launch, tmp_path):
+    """--loop: train.py's own loop and the step alone in every round; the overhead pairs them by round,
+    so that a machine whose speed drifts between rounds does not read as the loop's cost."""
+    result = run_bench(launch, "bench/train.py", tmp_path / "t.json", "--n_layer=1", "--n_head=2", "--n_embd=32",
+                       "--block_size=16", "--batch_size=2", "--vocab_size=64", "--repeats=4", "--warmup=0",
+                       "--variants=none", "--dtype=float32", "--compile=false", "--loop=3")
+    row = result["variants"][0]
+    loops, steps = row["loop_time"]["samples"], row["step_time"]["samples"]
+    assert len(loops) == len(steps) == 4 and min(loops) > 0, row
+    ratios = sorted(loop / step for loop, step in zip(loops, steps))
+    assert row["loop_overhead"] == pytest.approx((ratios[1] + ratios[2]) / 2 - 1), row
+
+
+def test_train_bench_replays_every_matrix_multiply_of_a_step(launch, tmp_path):
+    """--matmuls: the step's matrix multiplies, found by the profiler and replayed alone, are the ones
+    the model and Muon make: their count and FLOPs, worked out here from the shapes."""
+    L, C, T, B, V, H = 2, 32, 16, 2, 64, 2
+    result = run_bench(launch, "bench/train.py", tmp_path / "t.json", f"--n_layer={L}", f"--n_head={H}",
+                       f"--n_embd={C}", f"--block_size={T}", f"--batch_size={B}", f"--vocab_size={V}", "--repeats=2",
+                       "--warmup=0", "--variants=none", "--dtype=float32", "--compile=false", "--optimizer=muon",
+                       "--matmuls=true")
+    m = result["variants"][0]["matmuls"]
+    linear = 2 * B * T * (L * 12 * C * C + V * C)  # c_attn 3C x C, c_proj C x C, the MLP's two 4C x C; the tied head
+    attention = L * 4 * B * T * T * C  # scores q·kᵀ and weights·v, every head
+    r, ks = C, (3 * C, C, 4 * C, 4 * C)  # Muon: each shape's L matrices as (r, k), r <= k
+    newton_schulz = 5 * sum(L * (4 * r * r * k + 2 * r ** 3) for k in ks)  # 5 steps: x xᵀ, its square, times x
+    assert m["gflop"] * 1e9 == pytest.approx(3 * (linear + attention) + newton_schulz, rel=1e-9), m
+    # forward: the linears and the head; backward: two products each (inputs', weights' gradients); attention 2 + 4
+    assert m["calls"] == (4 * L + 1) + 2 * (4 * L + 1) + 6 * L + 4 * 5 * 3, m
+    assert m["in_order_ms"] > 0 and m["alone_ms"] > 0 and m["step_ms"] > 0, m
+
+
 def test_os_costs_counts_the_pages_a_step_faults_in():
     from bench.benchutil import os_costs
     faults, kernel_s = os_costs(lambda: bytearray(b"\x01") * (64 << 20))  # 64 MiB, every page written
