@@ -75,7 +75,10 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for shape, params in by_shape(p for p in group["params"] if p.grad is not None).items():
-                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
+                for p in params:  # not setdefault, which would build (and zero) a new buffer every step
+                    if "momentum_buffer" not in self.state[p]:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                bufs = [self.state[p]["momentum_buffer"] for p in params]
                 self.update(params, [p.grad for p in params], bufs, *update_settings(group, shape, self.compiled))
         return loss
 

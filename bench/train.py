@@ -91,7 +91,7 @@ class TrainBench:
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
     loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
     profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops and compiled kernels
-    matmuls: bool = False  # then time the matrix multiplies of one step of each variant without the rest of the step (same shapes, strides, dtypes): in the step's order, and each alone
+    matmuls: bool = False  # then time the matrix multiplies of each variant's step: inside the step (profiled), and each alone (the same shapes, strides, dtypes)
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
@@ -378,15 +378,21 @@ def matmul_flops(tensors):
     return 2 * a.shape[:-1].numel() * a.size(-1) * b.size(-1)
 
 
+def matmul_ms(prof):
+    """Milliseconds a profiled run spent inside its matrix multiplies, each call's whole time."""
+    return sum(e.cpu_time_total for e in prof.events() if e.name in MATMULS) / 1e3
+
+
 def time_matmuls(cfg, variants, device):
-    """How much of a step is its matrix multiplies: each variant's, replayed without the rest of the
-    step, in the step's order (each operand then comes from memory as in the step), and each alone
-    (its median over repeated calls, times its calls: the speed those shapes reach at best)."""
+    """How much of a step is its matrix multiplies: each variant's, timed inside its steps (the profiler's
+    time of those ops over `repeats` profiled steps: the median, against the median step under the
+    profiler), and replayed each alone on new tensors of their shapes (its median over repeated calls,
+    times its calls: the speed those shapes reach at best, with their operands in cache)."""
     for v, rec in variants:
         if rec["status"] != "ok":
             continue
         calls = step_matmuls(v, device)
-        in_order = [timed(lambda: [fn(*t, **kw) for fn, t, kw in calls], device) for _ in range(cfg.repeats)]
+        profiles = [profiled(v.step, device) for _ in range(cfg.repeats)]
         alone, counts = {}, {}
         for fn, tensors, keywords in calls:  # the same op on the same shapes is timed once
             key = (fn.__name__, *((t.shape, t.stride(), t.dtype) for t in tensors), keywords.get("beta"),
@@ -395,16 +401,17 @@ def time_matmuls(cfg, variants, device):
             if key not in alone:
                 alone[key] = statistics.median(timed(lambda: fn(*tensors, **keywords), device)
                                                for _ in range(cfg.repeats))
-        step_ms = rec["step_time"]["median"] * 1e3
         rec["matmuls"] = {"calls": len(calls), "gflop": sum(matmul_flops(t) for _, t, _ in calls) / 1e9,
-                          "in_order_ms": statistics.median(in_order) * 1e3,
-                          "alone_ms": sum(alone[k] * n for k, n in counts.items()) * 1e3, "step_ms": step_ms}
+                          "in_step_ms": statistics.median(matmul_ms(prof) for _, prof in profiles),
+                          "profiled_step_ms": statistics.median(wall for wall, _ in profiles) * 1e3,
+                          "alone_ms": sum(alone[k] * n for k, n in counts.items()) * 1e3,
+                          "step_ms": rec["step_time"]["median"] * 1e3}
         m = rec["matmuls"]
         print(f"\nmatrix multiplies of one step of {rec['name']}: {m['calls']} calls, {m['gflop']:.2f} GFLOP; "
-              f"without the rest of the step {m['in_order_ms']:.1f} ms in the step's order "
-              f"({m['gflop'] * 1e3 / m['in_order_ms']:.0f} GFLOP/s), {m['alone_ms']:.1f} ms each alone "
-              f"({m['gflop'] * 1e3 / m['alone_ms']:.0f} GFLOP/s); the step {step_ms:.1f} ms "
-              f"(in order, {m['in_order_ms'] / step_ms:.0%} of it)")
+              f"inside the step {m['in_step_ms']:.1f} ms of its {m['profiled_step_ms']:.1f} under the profiler "
+              f"({m['in_step_ms'] / m['profiled_step_ms']:.0%}, {m['gflop'] * 1e3 / m['in_step_ms']:.0f} GFLOP/s); "
+              f"each alone {m['alone_ms']:.1f} ms ({m['gflop'] * 1e3 / m['alone_ms']:.0f} GFLOP/s); "
+              f"the step without the profiler {m['step_ms']:.1f} ms")
 
 
 def print_table(cfg, rows):

@@ -97,6 +97,20 @@ def test_muon_makes_the_same_steps_as_torch_muon(weight_decay):
     assert not torch.equal(ours[0], ours[1])  # the same shape, different matrices: no mix-up in the batch
 
 
+def test_muon_builds_its_momentum_buffers_once():
+    """After the first step, a step allocates no new momentum buffers: they are built once and updated in place."""
+    params = [torch.nn.Parameter(torch.randn(s)) for s in [(16, 8), (16, 8), (8, 8)]]
+    opt = Muon(params, lr=0.02, ns_dtype=torch.float32)
+    steps = []
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with torch.profiler.profile() as prof:
+            opt.step()
+        steps.append(sum(e.name == "aten::zeros_like" for e in prof.events()))
+    assert steps == [len(params), 0], steps
+
+
 def test_muon_takes_up_the_state_of_torch_muon():
     """A checkpoint written while train.py used torch.optim.Muon resumes with optim.Muon."""
     torch.manual_seed(0)
