@@ -21,7 +21,18 @@ from attention import causal_mask
 from files import atomic_write
 
 PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_map writes, by its extension
-WINDOWS_PER_FORWARD = 64  # rows past the first window are computed this many windows at a time
+# what one forward over windows past the first may keep, summed over layers: attention_steps holds every
+# layer's weights (W, nh, T, T) and q, k, v (W, nh, T, hs) at once. 2**24 numbers, 64 MiB in fp32:
+# ~100 windows of train.py's default model; one of GPT-2's, which alone keeps ~180M
+KEPT_PER_FORWARD = 2**24
+
+
+def windows_per_forward(config):
+    """How many windows of block_size tokens one forward takes: as many as keep at most
+    KEPT_PER_FORWARD numbers, and at least one."""
+    T = config.block_size
+    per_window = config.n_layer * T * (config.n_head * T + 3 * config.n_embd)  # weights, and q, k, v
+    return max(1, KEPT_PER_FORWARD // per_window)
 
 
 @torch.no_grad()
@@ -32,22 +43,32 @@ def attention_rows(model, ids):
     block_size, device = model.config.block_size, next(model.parameters()).device
     tokens = torch.tensor(ids, device=device)
     first = tokens[:block_size]  # rows 0 .. block_size-1: one causal forward gives all of them
-    lower = causal_mask(len(first), len(first), device)  # row i: keys 0..i
-    scores, shares, norms = row_arithmetic(model.attention_steps(first[None]))
-    parts = [(scores[:, 0][:, :, lower], shares[:, 0][:, :, lower], norms[:, 0])]
-    for start in range(block_size, len(ids), WINDOWS_PER_FORWARD):  # row i sees tokens i-block_size+1 .. i
-        ends = range(start, min(start + WINDOWS_PER_FORWARD, len(ids)))
+    parts = [forward_rows(model, first[None], len(first))]
+    step = windows_per_forward(model.config)
+    for start in range(block_size, len(ids), step):  # row i sees tokens i-block_size+1 .. i
+        ends = range(start, min(start + step, len(ids)))
         windows = torch.stack([tokens[end - block_size + 1:end + 1] for end in ends])  # (W, block_size)
-        scores, shares, norms = row_arithmetic(model.attention_steps(windows))
-        parts.append((scores[:, :, :, -1].transpose(1, 2).flatten(2),  # each window's last row: (L, nh, W * T)
-                      shares[:, :, :, -1].transpose(1, 2).flatten(2), norms[:, :, :, -1].transpose(1, 2)))
+        parts.append(forward_rows(model, windows, 1))  # each window's last row
     return tuple(torch.cat(x, dim=-1) for x in zip(*parts))
 
 
-def row_arithmetic(steps):
-    """From attention_steps, stacked over layers: the raw scores q·k and each key's share of o,
-    both (L, B, nh, T, T), and |o| (L, B, nh, T)."""
-    q, k, v, weights = (torch.stack(x).float() for x in zip(*steps))
+def forward_rows(model, windows, n_rows):
+    """The page's numbers from one forward over windows (W, T): of each window's last n_rows rows,
+    each over its keys up to itself, stacked over layers: scores and shares (L, nh, W * K), K the
+    keys of those rows, and |o| (L, nh, W * n_rows). Only these rows are worked out and kept."""
+    seen = causal_mask(n_rows, windows.size(1), windows.device)  # (n_rows, T)
+    parts = []
+    for q, k, v, weights in model.attention_steps(windows):
+        scores, shares, norms = row_arithmetic(q[:, :, -n_rows:], k, v, weights[:, :, -n_rows:])
+        parts.append((scores[:, :, seen].transpose(0, 1).flatten(1),  # (nh, W * K)
+                      shares[:, :, seen].transpose(0, 1).flatten(1), norms.transpose(0, 1).flatten(1)))
+    return tuple(torch.stack(x) for x in zip(*parts))
+
+
+def row_arithmetic(q, k, v, weights):
+    """One layer's numbers for R query rows, from q (B, nh, R, hs), k and v (B, nh, T, hs) and weights
+    (B, nh, R, T): the raw scores q·k and each key's share of o, both (B, nh, R, T), and |o| (B, nh, R)."""
+    q, k, v, weights = q.float(), k.float(), v.float(), weights.float()
     scores = q @ k.transpose(-2, -1)  # before the division by √d, which the page shows as its own step
     brought = weights * v.norm(dim=-1).unsqueeze(-2)  # α_j |v_j|: how much of the sum each key brings
     return scores, brought / brought.sum(dim=-1, keepdim=True), (weights @ v).norm(dim=-1)

@@ -8,7 +8,6 @@ temporary file beside the target, flushes it to disk and renames it over the old
 run code: loading uses torch.load(weights_only=True), tensors and plain Python data only.
 """
 import fcntl
-import glob
 import os
 import pickle
 import random
@@ -21,11 +20,15 @@ import torch
 from files import atomic_write
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 
-# what train.py writes into a checkpoint and needs back to resume
-RESUME_KEYS = ("model", "optimizer", "scaler", "model_config", "config", "tokenizer", "iter_num", "best_val_loss",
-               "trained_seconds", "rng")
-# settings a resumed run may change, at the price of not matching an uninterrupted run
-SCHEDULE_SETTINGS = ("learning_rate", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters", "max_seconds")
+# what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
+# damaged checkpoint fails in one line before anything is written, not in the middle of restoring it
+RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
+                 "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
+                 "rng": dict}
+# settings a resumed run may change (the schedule, the optimizers' rates, decay and betas), at the
+# price of not matching an uninterrupted run
+OPTIMIZATION_SETTINGS = ("learning_rate", "muon_lr", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters",
+                         "max_seconds", "weight_decay", "beta1", "beta2")
 
 
 def ckpt_path(out_dir):
@@ -33,28 +36,12 @@ def ckpt_path(out_dir):
 
 
 def save_checkpoint(state, path):
-    """Write state to path atomically. Temporary files left by a killed save are cleared, but never
-    one whose process is still alive (another run saving into the same out_dir)."""
-    pattern = os.path.join(glob.escape(os.path.dirname(os.path.abspath(path))), f".{glob.escape(os.path.basename(path))}.tmp*")
-    for stale in glob.glob(pattern):
-        pid = stale.rsplit(".tmp", 1)[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            os.remove(stale)
+    """Write state to path atomically (files.atomic_write); OSError if it cannot be written."""
     try:
         atomic_write(path, lambda f: torch.save(state, f))
     except RuntimeError as e:  # torch's zip writer reports a failed write (a full disk) this way
         cause = e.__context__ if isinstance(e.__context__, OSError) else None
         raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
-
-
-def process_alive(pid):
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def load_checkpoint(path, map_location="cpu"):
@@ -100,7 +87,7 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
     trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
     the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
     the same command line must resume."""
-    missing = [key for key in RESUME_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_KEYS
+    missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
                          "checkpoints, say, hold only weights this code reads differently); start a new run")
@@ -122,17 +109,13 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
-    changed = [f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in SCHEDULE_SETTINGS if saved.get(k) != getattr(cfg, k)]
+    changed = [f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in OPTIMIZATION_SETTINGS
+               if saved.get(k) != getattr(cfg, k)]
     if changed and not quiet:
-        print(f"note: {', '.join(changed)} since the checkpoint; the learning-rate schedule follows the new "
-              "values, so this run will not match an uninterrupted one")
+        print(f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
+              "will not match an uninterrupted one")
 
 
-# what each field a resume reads must be, so that a damaged checkpoint fails here, in one line,
-# before anything is written, and not in the middle of restoring it
-RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
-                 "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
-                 "rng": dict}
 RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's
 
 
@@ -234,21 +217,31 @@ def read_lock(path):
         return ""
 
 
-def rng_state(generator):
-    """Every random number generator a run draws from (Python, NumPy, torch, CUDA, and the batch
-    sampler's generator), as tensors and plain data that weights_only loading accepts."""
+def torch_rng_state():
+    """This process's torch generators, which dropout draws from: the CPU's, and its CUDA device's
+    (an empty tensor without one)."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.empty(0)
+
+
+def rng_state(generator, torch_states):
+    """Every random number generator a run draws from (Python, NumPy, the batch sampler's generator,
+    and each rank's torch generators: torch_states, torch_rng_state() of every rank in rank order),
+    as tensors and plain data that weights_only loading accepts."""
     np_state = np.random.get_state()
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    return {"python": random.getstate(), "torch": [cpu for cpu, _ in torch_states],
+            "cuda": [cuda for _, cuda in torch_states],
             "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
             "batches": generator.get_state()}
 
 
-def set_rng_state(state, generator):
+def set_rng_state(state, generator, rank):
+    """Put back what rng_state saved; rank's own torch generators (a run resumed on other ranks than
+    it was saved from cannot continue exactly: each takes a saved rank's, in turn)."""
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cpu, cuda = (states if isinstance(states, list) else [states] for states in (state["torch"], state["cuda"]))
+    torch.set_rng_state(cpu[rank % len(cpu)])
+    if cuda and cuda[rank % len(cuda)].numel() and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda[rank % len(cuda)])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
     generator.set_state(state["batches"])

@@ -26,12 +26,18 @@ def fail_together(error, status=2):
     """fail() on every process of a torchrun job if any of them found an error (each says the first
     rank's words), so that none is left waiting for the others; a single process just fails. Exit
     status 2 for bad input, 1 for a fault."""
-    if torch.distributed.is_initialized():
-        errors = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(errors, None if error is None else str(error))
-        error = next((e for e in errors if e), None)
+    error = next((e for e in gather(None if error is None else str(error)) if e), None)
     if error:
         fail(error, status=status)
+
+
+def gather(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every rank of a torchrun job; [obj] in a single process."""
+    if not torch.distributed.is_initialized():
+        return [obj]
+    objects = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(objects, obj)
+    return objects
 
 
 def agree_on_stop(signum, elapsed, failed, device):

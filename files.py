@@ -1,17 +1,25 @@
 """
 Writing a file so that a crash at any moment leaves the old file or the new one, never half of one:
-checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; and
-finding out, before the work, whether a file can be written at all.
+checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
+out, before the work, whether a file can be written at all; and reading a text file a user named, with
+errors that say which flag named it and what to give instead.
 """
+import glob
 import os
 import tempfile
 
 
 def atomic_write(path, write):
     """write(f) into a temporary file beside path, flush it to disk, then rename it over path:
-    readers, and a crash at any moment, see the old file or the new one, never half of one."""
+    readers, and a crash at any moment, see the old file or the new one, never half of one. First
+    clears the temporary files of earlier writes of path that were killed (SIGKILL leaves them), never
+    one whose process is still alive (another run writing the same file)."""
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    for stale in glob.glob(temporary_path(glob.escape(os.path.abspath(path)), "*")):
+        pid = stale.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            os.remove(stale)
+    tmp = temporary_path(path, os.getpid())
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -29,6 +37,21 @@ def atomic_write(path, write):
             os.close(fd)
 
 
+def temporary_path(path, pid):
+    """Where process pid's atomic_write holds path's new content until it is whole: beside it, hidden."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{pid}")
+
+
+def process_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def check_writable(path):
     """ValueError, before any work is done, if path cannot be written: it is a directory, or a file
     cannot be created beside it (a read-only place, no permission). A probe file, removed at once."""
@@ -40,3 +63,26 @@ def check_writable(path):
             pass
     except OSError as e:
         raise ValueError(f"cannot write {path}: {e.strerror or e} in {folder}; pick another place") from None
+
+
+def check_text_file(path, flag, instead="a text file in it"):
+    """A ValueError unless path is a file. flag is how the user gave it ("--input=", "--start=FILE:"),
+    which the message names; instead says what to give for a directory."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag}{path} is a directory; give {instead}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag}{path}: no such file; check the path (a relative one starts in {os.getcwd()})")
+
+
+def read_text_file(path, flag):
+    """The text of the UTF-8 file that the user gave with flag (see check_text_file); a ValueError that
+    names flag and says what to give instead where it cannot be read."""
+    check_text_file(path, flag)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag}{path} is not UTF-8 text ({e.reason} at byte {e.start}); give a text file "
+                         "saved as UTF-8") from None
+    except OSError as e:  # unreadable (permissions), or gone since the check
+        raise ValueError(f"{flag}{path} cannot be read ({e.strerror}); give a text file you can read") from None

@@ -262,8 +262,15 @@ class GPT(nn.Module):
         if wrong:
             raise ValueError(f"{directory}/config.json is damaged ({', '.join(wrong)}: these are whole numbers in "
                              "GPT-2's config); download the model again")
+        unlike = [f"{k}={hf[k]!r}" for k, allowed in HF_GPT2_ARCHITECTURE.items()
+                  if k in hf and not any(hf[k] == a and type(hf[k]) is type(a) for a in allowed)]
+        if unlike:  # transformers' GPT-2 class runs these variants; this model would run them as GPT-2, wrongly
+            raise ValueError(f"{directory}/config.json has {', '.join(unlike)}: this GPT runs GPT-2's architecture "
+                             "only (" + "; ".join(f"{k} {' or '.join(map(repr, v))}" for k, v in
+                                                   HF_GPT2_ARCHITECTURE.items()) + ")")
+        activation = HF_GPT2_ARCHITECTURE["activation_function"][hf.get("activation_function", "gelu_new")]
         config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, **overrides)
+                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation, **overrides)
         model = cls(config)
         sd_hf = load_hf_state_dict(directory)
         sd = model.state_dict()
@@ -318,12 +325,22 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 models on the Hugging Face hub
+# what a Hugging Face GPT-2 config.json may say where it says it, for this model to run it: GPT-2's
+# choices (and the activation each GELU name is here); transformers' GPT-2 class has variants beyond them
+HF_GPT2_ARCHITECTURE = {
+    "activation_function": {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"},
+    "layer_norm_epsilon": (1e-5,), "tie_word_embeddings": (True,), "scale_attn_weights": (True,),
+    "scale_attn_by_inverse_layer_idx": (False,)}
 
 
-def is_pretrained_source(name):
-    """Whether from_pretrained can be asked for name: a local directory, a GPT-2 name, or a hub name
-    (owner/model)."""
-    return os.path.isdir(name) or name in GPT2_NAMES or name.count("/") == 1 and not name.startswith(("/", "."))
+def check_init_from(name, own):
+    """ValueError unless name is one of a script's own starting points (own: "scratch", "resume") or
+    what from_pretrained can be asked for: a local directory, a GPT-2 name, or a hub name (owner/model)."""
+    hub_name = name.count("/") == 1 and not name.startswith(("/", "."))
+    if name in own or os.path.isdir(name) or name in GPT2_NAMES or hub_name:
+        return
+    raise ValueError(f"init_from={name!r} is none of: {', '.join(own)}, a GPT-2 name ({', '.join(GPT2_NAMES)}), "
+                     "a Hugging Face name (owner/model), a local directory")
 
 
 def download_from_hub(name):

@@ -19,9 +19,9 @@ from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
-from files import check_writable
+from files import check_writable, read_text_file
 from hardware import DType, check_threads, pick_device, pick_dtype, set_up_cpu
-from model import GPT, GPT2_NAMES, check_sampling, is_pretrained_source
+from model import GPT, check_init_from, check_sampling
 
 
 SAMPLE_NEW_TOKENS = 500  # tokens per sample when max_new_tokens is not given
@@ -53,9 +53,7 @@ class SampleConfig:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_k, self.top_p)
-        if self.init_from != "resume" and not is_pretrained_source(self.init_from):
-            raise ValueError(f"init_from={self.init_from!r} is none of: resume, a GPT-2 name ({', '.join(GPT2_NAMES)}), "
-                             "a Hugging Face name (owner/model), a local directory")
+        check_init_from(self.init_from, own=("resume",))
         if not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
         if self.attention_map:
@@ -113,12 +111,7 @@ def read_prompt(start):
     """The prompt: the text of --start, or of the file that --start=FILE:path names."""
     if not start.startswith("FILE:"):
         return start
-    try:
-        with open(start[5:], encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{start[5:]} is not UTF-8 text (byte {e.start} cannot be decoded); --start=FILE: "
-                         "takes a text file") from None
+    return read_text_file(start.removeprefix("FILE:"), "--start=FILE:")
 
 
 def check_fits(model, cfg, n_prompt, device, dtype):
@@ -174,10 +167,13 @@ def compile_and_warm_up(model, ids):
 
 
 def load_model(cfg):
-    """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights."""
+    """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights, checked to fit each other."""
     overrides = {"attention": cfg.attention} if cfg.attention else {}
     if cfg.init_from != "resume":
-        return GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
+        model, tokenizer = GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
+        check_vocabulary(model, tokenizer, f"--init_from={cfg.init_from}", "sample.py reads Hugging Face "
+                         "models with GPT-2's tokenizer; give GPT-2 weights or a fine-tune of them")
+        return model, tokenizer
     path = ckpt_path(cfg.out_dir)
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint, path, **overrides)
@@ -189,10 +185,15 @@ def load_model(cfg):
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise ValueError(f"{path} holds non-finite (NaN or inf) weights: the run that wrote it diverged; "
                          "train again with a lower --learning_rate")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"{path}: its tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                         f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    check_vocabulary(model, tokenizer, path, "the checkpoint is inconsistent")
     return model, tokenizer
+
+
+def check_vocabulary(model, tokenizer, source, why):
+    """ValueError, naming source and why, where the tokenizer makes ids past the model's embedding."""
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                         f"{model.config.vocab_size}; {why}")
 
 
 @torch.no_grad()

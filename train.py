@@ -30,17 +30,16 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (check_out_dir, check_resumable, ckpt_path, load_checkpoint, model_from_checkpoint, rng_state,
-                        save_checkpoint, set_rng_state, unlock_out_dir)
+                        save_checkpoint, set_rng_state, torch_rng_state, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
-from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, leave_process_group,
-                         relaunch_command, stop_if_a_peer_is_gone)
+from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, gather,
+                         leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, enable_tf32, pick_device, pick_dtype,
                       set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
-from model import (GPT, GPT2_NAMES, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions,
-                   is_pretrained_source)
+from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions, check_init_from
 from optim import Muon, configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
@@ -83,7 +82,7 @@ class TrainConfig(GPTConfig):
     beta2: float = 0.99  # AdamW's second-moment decay
     grad_clip: float = 1.0  # clip the gradient norm to this; 0: no clipping
     warmup_iters: int = 100  # iterations of linear warm-up
-    lr_decay_iters: int = 0  # iterations of cosine decay when max_seconds is 0; 0: max_iters
+    lr_decay_iters: int = 0  # the iteration where the cosine decay reaches min_lr, when max_seconds is 0; 0: max_iters
     min_lr: float = 0.0  # AdamW's rate at the end of the decay (0: all rates decay to zero, which learns more)
     # system
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
@@ -98,21 +97,22 @@ class TrainConfig(GPTConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
-                     "warmup_iters", "min_lr", "weight_decay", "grad_clip"):
+                     "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("learning_rate", "muon_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}, where the decay "
+                             "starts; it must be at most that")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         check_threads(self.threads)
-        if self.init_from not in ("scratch", "resume") and not is_pretrained_source(self.init_from):
-            raise ValueError(f"init_from={self.init_from!r} is none of: scratch, resume, a GPT-2 name "
-                             f"({', '.join(GPT2_NAMES)}), a Hugging Face name (owner/model), a local directory")
+        check_init_from(self.init_from, own=("scratch", "resume"))
         for n_embd in (self.n_embd,) if self.n_embd else MACHINE_WIDTHS:  # n_embd=0 must fit every machine
             model_config(self, self.vocab_size or 1, n_embd=n_embd)  # the model's own checks (n_embd % n_head, ...)
 
@@ -153,6 +153,8 @@ def main(cfg):
             np.random.seed(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
             state = new_train_state(cfg, setup, model, data.train)
+            if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
+                torch.manual_seed(cfg.seed + setup.rank)
             if checkpoint is not None:
                 resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
                 del checkpoint  # free its memory
@@ -163,15 +165,18 @@ def main(cfg):
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         if cfg.init_from == "resume" and setup.master:
             print(f"resuming from {ckpt_path(cfg.out_dir)} at iteration {state.iter_num}")
-        logger = TrainingLog(cfg, setup, model)
-        if cfg.eval_only:  # writes nothing
-            logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
-        else:
-            try:
+        try:
+            logger = TrainingLog(cfg, setup, model)
+            if cfg.eval_only:  # writes nothing
+                logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
+            else:
                 train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
-            except RuntimeError as e:
-                stop_if_a_peer_is_gone(e)
-                raise
+        except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
+            fail("interrupted before training started (while compiling, or timing this CPU); nothing was trained",
+                 status=128 + signal.SIGINT)
+        except RuntimeError as e:
+            stop_if_a_peer_is_gone(e)
+            raise
         return model
     finally:
         stop.release()
@@ -343,11 +348,20 @@ class TrainState:
 
 
 def resume_state(state, checkpoint, path, setup):
-    """Continue where the checkpoint left off: optimizer, scaler, progress and every RNG."""
+    """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
+    this run's settings), scaler, progress and every RNG."""
+    if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
+        raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
+                         "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
+    settings = [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+                for opt in state.optimizers]
     try:
         set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=setup.state_options)
+        for optimizer, groups in zip(state.optimizers, settings):  # loading put back the first run's
+            for group, setting in zip(optimizer.param_groups, groups):
+                group.update(setting)
         state.scaler.load_state_dict(checkpoint["scaler"])
-        set_rng_state(checkpoint["rng"], state.batches.generator)
+        set_rng_state(checkpoint["rng"], state.batches.generator, setup.rank)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:  # fields of the wrong shape
         raise ValueError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}): "
                          "resume cannot continue from it; start a new run") from None
@@ -562,13 +576,14 @@ def save(state, cfg, meta, setup, reason, final=False):
     say) leaves the previous checkpoint as it was; training goes on unless it was the last."""
     model_state = get_model_state_dict(state.model, options=setup.state_options)
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
+    torch_states = gather(torch_rng_state())  # each rank's dropout generators
     if not setup.master:
         return
     path = ckpt_path(cfg.out_dir)
     checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
                   "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": meta,
                   "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
-                  "trained_seconds": state.clock.seconds(), "rng": rng_state(state.batches.generator)}
+                  "trained_seconds": state.clock.seconds(), "rng": rng_state(state.batches.generator, torch_states)}
     try:
         save_checkpoint(checkpoint, path)
     except OSError as e:

@@ -51,10 +51,9 @@ def open_split(data_dir, split, meta=None):
         raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
                          f"into data/shakespeare_char) or `python data/prepare.py --input=FILE --out_dir={data_dir}`")
     size = os.path.getsize(path)
-    itemsize = np.dtype(TOKEN_DTYPE).itemsize
-    if size == 0 or size % itemsize:
-        raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of uint16 tokens: it is damaged "
-                         "or from an interrupted run; prepare the data again")
+    if size == 0 or size % TOKEN_DTYPE.itemsize:
+        raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of {TOKEN_DTYPE.name} tokens: it is "
+                         "damaged or from an interrupted run; prepare the data again")
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
     if meta is None:
         return tokens
@@ -84,7 +83,9 @@ class Batches:
 
     def load(self, offsets):
         """Inputs x and next-token targets y, each (batch_size, block_size), read in one gather."""
-        rows = torch.from_numpy(self.data[offsets.numpy()[:, None] + np.arange(self.block_size + 1)].astype(np.int64))
+        # each row: block_size + 1 tokens from its offset, the inputs and, one further along, the targets
+        positions = offsets.numpy()[:, None] + np.arange(self.block_size + 1)  # (batch_size, block_size + 1)
+        rows = torch.from_numpy(self.data[positions].astype(np.int64))  # (batch_size, block_size + 1)
         x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
         if self.device.startswith("cuda"):  # pinned memory lets the copy overlap with compute
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)

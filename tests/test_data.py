@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+import data.loader
 import data.prepare
 from data import tokenizer
 from data.loader import load_meta, open_split
@@ -134,11 +135,28 @@ def test_failed_prepare_leaves_old_data_dir(tmp_path):
     d = tmp_path / "d"
     prepare_char("hello world, " * 10, str(d))
     before = read_bytes(d)
-    with pytest.raises(ValueError, match="too short"):
+    with pytest.raises(ValueError, match="too little text"):
         prepare_char("abc", str(d))
-    with pytest.raises(ValueError, match="too short"):
+    with pytest.raises(ValueError, match="too little text"):
         prepare_bpe(str(d), texts=["hi"])
     assert read_bytes(d) == before and sorted(os.listdir(d)) == sorted(FILES)
+
+
+@pytest.mark.parametrize("text, val_text", [("abc", None), ("abcdefgh", "a")], ids=["cut", "given"])
+def test_validation_cut_from_the_text_or_given_needs_the_same_minimum(tmp_path, text, val_text):
+    with pytest.raises(ValueError, match=rf"^too little text: {len(text) - (val_text is None)} train / 1 val tokens, "
+                                         r"need at least 2 in each; give more text$"):
+        prepare_char(text, str(tmp_path / "d"), val_text=val_text)
+
+
+def test_messages_name_the_token_files_type_from_token_dtype(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.prepare, "TOKEN_DTYPE", np.dtype(np.uint8))
+    with pytest.raises(ValueError, match="300 distinct characters do not fit in uint8 token ids"):
+        prepare_char("".join(map(chr, range(256, 556))), str(tmp_path / "d"))
+    monkeypatch.setattr(data.loader, "TOKEN_DTYPE", np.dtype(np.uint32))
+    (tmp_path / "train.bin").write_bytes(bytes(6))
+    with pytest.raises(ValueError, match=r"6 bytes, not a whole number \(>0\) of uint32 tokens"):
+        open_split(str(tmp_path), "train")
 
 
 # --- tokenizers ------------------------------------------------------------------------------
@@ -179,6 +197,16 @@ def test_gpt2_offline_and_no_cache(tmp_path, monkeypatch):
     assert tok.decode(tok.encode(text)) == text
     # a prompt that spells the special token gets ordinary tokens, not 50256
     assert 50256 not in tok.encode("<|endoftext|>")
+
+
+def test_gpt2_encoding_is_tiktokens_own_gpt2_read_from_local_files(monkeypatch):
+    """The arguments of tiktoken's "gpt2" encoding (its pattern from tiktoken itself), bar the ranks'
+    files, which tiktoken would download."""
+    from tiktoken_ext import openai_public
+    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda **files: {})
+    theirs, ours = openai_public.gpt2(), gpt2_encoding()
+    assert (ours.name, ours._pat_str, ours._special_tokens, ours.n_vocab) == \
+        (theirs["name"], theirs["pat_str"], theirs["special_tokens"], theirs["explicit_n_vocab"])
 
 
 def test_gpt2_without_package(monkeypatch):
@@ -406,14 +434,22 @@ def test_cli_errors(tmp_path, run_main):
     (tmp_path / "a.txt").write_text("some text, long enough to split")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "tiny.txt").write_text("abc")
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    directory = ("--input=texts is a directory; give the text files in it (--input=a.txt,b.txt), or the "
+                 "directory as --dataset=texts")
     for args, expected in (
             (["--input=a.txt", "--dataset=a.txt", "--out_dir=x"], "--input and --dataset are two sources"),
             (["--input=a.txt"], "--out_dir is required"),
             (["--val_split=test"], "--val_split chooses from a --dataset"),
             (["--input=a.txt", "--out_dir=x", "--tokenizer=bpe"], "not a valid choice"),
-            (["--input=a.txt,missing.txt", "--out_dir=x"], "no such file: missing.txt"),
+            (["--input=a.txt,missing.txt", "--out_dir=x"], f"--input=missing.txt: no such file; check the path "
+                                                           f"(a relative one starts in {tmp_path})"),
+            (["--input=a.txt,texts", "--out_dir=x"], directory),
+            (["--input=a.txt,texts", "--out_dir=x", "--tokenizer=char"], directory),
+            (["--input=latin1.txt", "--out_dir=x"], "--input=latin1.txt is not UTF-8 text"),
             (["--input=empty.txt", "--out_dir=x"], "the text is empty"),
-            (["--input=tiny.txt", "--out_dir=x", "--tokenizer=char"], "too short to split")):
+            (["--input=tiny.txt", "--out_dir=x", "--tokenizer=char"], "too little text: 2 train / 1 val tokens")):
         status, _, err = run_main(*args, cwd=tmp_path)
         assert_one_error_line(status, err, expected)
     assert not (tmp_path / "x" / "meta.json").exists()

@@ -3,6 +3,7 @@ of every layer, KV-cache generation, parity with Hugging Face's GPT-2, training,
 configuration. Every model-level property runs on every backend that runs on CPU, in fp32."""
 import json
 import math
+import shutil
 import zlib
 
 import pytest
@@ -388,6 +389,31 @@ def test_from_pretrained_names_a_missing_config_field(hf_gpt2, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="config.json lacks n_head"):
         GPT.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("field, value", [("activation_function", "relu"), ("layer_norm_epsilon", 1e-2),
+                                          ("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True)])
+def test_from_pretrained_refuses_a_config_beyond_gpt2s_architecture(hf_gpt2, tmp_path, field, value):
+    """transformers' GPT-2 class runs these variants; loaded as GPT-2 they would give other logits."""
+    directory, *_ = hf_gpt2
+    cfg = json.load(open(f"{directory}/config.json"))
+    shutil.copy(f"{directory}/model.safetensors", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, field: value}))
+    with pytest.raises(ValueError, match=f"has {field}={value!r}: this GPT runs GPT-2's architecture only"):
+        GPT.from_pretrained(str(tmp_path))
+
+
+def test_from_pretrained_runs_the_exact_gelu_that_config_json_names(hf_gpt2, tmp_path):
+    from transformers import GPT2LMHeadModel
+    directory, idx, _, _ = hf_gpt2
+    cfg = json.load(open(f"{directory}/config.json"))
+    shutil.copy(f"{directory}/model.safetensors", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "activation_function": "gelu"}))
+    with torch.no_grad():
+        expected = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()(idx).logits
+        model = GPT.from_pretrained(str(tmp_path)).eval()
+        assert model.config.activation == "gelu"
+        torch.testing.assert_close(model(idx)[0], expected, atol=1e-4, rtol=0)
 
 
 def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):

@@ -7,6 +7,8 @@ import time
 import matplotlib.image
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from attention_map import plot_attention
 from data.prepare import prepare_char
@@ -167,6 +169,53 @@ def test_plot_attention_shows_the_causal_triangle(tmp_path):
     weights = list(scores.softmax(-1))  # 2 layers of (3 heads, T, T)
     plot_attention(weights, list("ROMEO:\nBut s"), str(tmp_path / "attn.png"), layer=1, head=2)
     assert_picture(tmp_path / "attn.png", (1000, 500))
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most numbers any one op makes while it is on."""
+
+    numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.numel = max([self.numel] + [t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+        return out
+
+
+def test_the_attention_page_past_the_first_window_keeps_a_bounded_amount_at_once(monkeypatch):
+    """Each row past the first window takes a forward over its own window. The windows go in batches
+    that keep at most KEPT_PER_FORWARD numbers (64 windows of GPT-2's 1024 tokens kept ~46 GB), and
+    the page's arithmetic makes no tensor larger than one layer's weights of the forward (it once
+    stacked the layers'). The numbers are those of a forward over the row's window alone."""
+    from attention_map import KEPT_PER_FORWARD, attention_rows, windows_per_forward
+    T = 256  # here 64 windows at once would keep more than KEPT_PER_FORWARD
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=T, n_layer=2, n_head=2, n_embd=16)).eval()
+    ids = torch.randint(20, (T + 70,)).tolist()
+    kept, attention_steps = [], model.attention_steps
+
+    def counted(idx):
+        steps = attention_steps(idx)
+        kept.append((len(idx), [t.numel() for layer in steps for t in layer]))
+        return steps
+
+    monkeypatch.setattr(model, "attention_steps", counted)
+    with LargestTensor() as largest:
+        scores, shares, norms = attention_rows(model, ids)
+    assert max(windows for windows, _ in kept) > 1
+    assert all(sum(numbers) <= KEPT_PER_FORWARD for _, numbers in kept), [(w, sum(n)) for w, n in kept]
+    assert largest.numel <= max(n for _, numbers in kept for n in numbers), largest.numel
+    row = T + 60  # in the second batch of windows
+    with torch.no_grad():
+        steps = attention_steps(torch.tensor([ids[row - T + 1:row + 1]]))
+    at = T * (T + 1) // 2 + (row - T) * T  # rows 0..T-1 hold 1..T keys, each later row T
+    for layer, (q, k, v, weights) in enumerate(steps):
+        q, weights = q[0, :, -1:], weights[0, :, -1]  # (nh, 1, hs), (nh, T)
+        torch.testing.assert_close(scores[layer, :, at:at + T], (q @ k[0].transpose(-2, -1))[:, 0])
+        brought = weights * v[0].norm(dim=-1)
+        torch.testing.assert_close(shares[layer, :, at:at + T], brought / brought.sum(-1, keepdim=True))
+        torch.testing.assert_close(norms[layer, :, row], (weights[:, None] @ v[0])[:, 0].norm(dim=-1))
+    assert windows_per_forward(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)) == 1
 
 
 def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):

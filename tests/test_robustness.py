@@ -783,6 +783,13 @@ class Ctx:
             (d / name).write_bytes(content)
         return d
 
+    def saved_gpt2(self, **config):
+        """A local GPT-2 directory as transformers' save_pretrained writes it: a tiny GPT-2's, with config."""
+        from transformers import GPT2Config, GPT2LMHeadModel
+        d = self.dir / "gpt2"
+        GPT2LMHeadModel(GPT2Config(**{**TINY_GPT2, **config})).save_pretrained(d)
+        return d
+
     def broken_data(self, change):
         d = self.dir / "data"
         prepare_char(TEXT, str(d))
@@ -925,7 +932,16 @@ CASES = [
     Case("sample-attention-map-where-nothing-can-be-written", lambda c: sample_args(c, "--attention_map=/proc/attn.html"),
          lambda c: ["cannot write /proc/attn.html"]),
     Case("sample-prompt-file-not-text", lambda c: (c.dir / "x.bin").write_bytes(bytes(range(128, 256))) and sample_args(
-        c, f"--start=FILE:{c.dir / 'x.bin'}"), lambda c: [str(c.dir / "x.bin"), "not UTF-8 text"]),
+        c, f"--start=FILE:{c.dir / 'x.bin'}"), lambda c: [f"--start=FILE:{c.dir / 'x.bin'} is not UTF-8 text",
+                                                           "give a text file saved as UTF-8"]),
+    Case("sample-prompt-file-a-directory", lambda c: sample_args(c, f"--start=FILE:{c.dir}"),
+         lambda c: [f"--start=FILE:{c.dir} is a directory; give a text file in it"]),
+    Case("sample-prompt-file-missing", lambda c: sample_args(c, f"--start=FILE:{c.dir / 'prompt.txt'}"),
+         lambda c: [f"--start=FILE:{c.dir / 'prompt.txt'}: no such file; check the path"]),
+    # sample.py reads Hugging Face weights with GPT-2's tokenizer, whose ids would index past this embedding
+    Case("sample-gpt2-dir-with-a-smaller-vocabulary", lambda c: sample_args(
+        c, f"--init_from={c.saved_gpt2(vocab_size=100)}"),
+         lambda c: [f"--init_from={c.dir / 'gpt2'}", "50257 tokens but the model only 100", "give GPT-2 weights"]),
     Case("sample-more-samples-than-memory", lambda c: sample_args(c, "--num_samples=1000000000000"),
          lambda c: ["num_samples=1000000000000", "GiB", "fewer --num_samples"]),
     Case("sample-more-tokens-than-memory", lambda c: sample_args(c, "--max_new_tokens=10000000000000"),
@@ -1141,3 +1157,20 @@ def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_pa
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
     assert hardware.peak_flops("cpu", torch.float32, reached=8e9)[0] == 8e9  # a run beat it: the peak is raised
     assert hardware.peak_flops("cpu", torch.float32)[0] == 8e9  # and kept
+
+
+def test_a_run_that_beats_a_busy_probe_is_not_probed_again_mid_training(tmp_path, monkeypatch):
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: pytest.fail("probed while training"))
+    peak, source = hardware.peak_flops("cpu", torch.float32, reached=8e9)
+    assert peak == 8e9 and "not cached" in source and not (tmp_path / "peak.json").exists()
+
+
+def test_the_cpu_peak_probe_leaves_the_seeded_rng_alone():
+    """It runs only when no peak is cached: drawing from the global RNG would make dropout's masks,
+    and so a seed's weights, depend on what a cache file holds."""
+    from hardware import measure_cpu_peak
+    before = torch.get_rng_state()
+    measure_cpu_peak(torch.float32, size=32, seconds=0.01)
+    assert torch.equal(torch.get_rng_state(), before)

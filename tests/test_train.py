@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
-from checkpoint import RESUME_KEYS, model_from_checkpoint
+from checkpoint import RESUME_FIELDS, RNG_KEYS, model_from_checkpoint
 from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
@@ -124,9 +125,8 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     check_ok(launch("train.py", *common, f"--out_dir={b}", "--max_iters=4"))
     half = load(b / "ckpt.pt")
     assert half["iter_num"] == 4
-    assert set(half) == set(RESUME_KEYS), "what train.py saves and what resume checks for are one list"
-    for key in ("python", "numpy", "torch", "batches"):
-        assert key in half["rng"], f"checkpoint's rng lacks {key!r}"
+    assert set(half) == set(RESUME_FIELDS), "what train.py saves and what resume checks for are one list"
+    assert set(half["rng"]) == set(RNG_KEYS), "and so are the generators it saves and checks for"
     assert half["tokenizer"]["tokenizer"] == "char" and half["tokenizer"]["chars"] == "".join(sorted(set(TEXT)))
     assert half["model_config"]["n_embd"] == 16 and half["config"]["max_iters"] == 4
 
@@ -151,6 +151,39 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     va = [(r["iter"], r["train_loss"], r["val_loss"]) for r in metrics(a) if "val_loss" in r]
     vb = [(r["iter"], r["train_loss"], r["val_loss"]) for r in metrics(b) if "val_loss" in r]
     assert va == vb
+
+
+def test_a_resumed_run_trains_with_its_own_rates_decay_and_betas(tmp_path, data_dir, launch):
+    """Loading the optimizers' state puts back the first run's settings with it; a resumed run that
+    changes them trains with the new ones, as its note says."""
+    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--eval_interval=2"]
+    check_ok(launch("train.py", *common, "--max_iters=2"))
+    new = {"learning_rate": 1e-4, "muon_lr": 1e-3, "weight_decay": 0.05, "beta1": 0.8, "beta2": 0.9}
+    resumed = check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume",
+                              *[f"--{k}={v}" for k, v in new.items()]))
+    assert "muon_lr 0.02 -> 0.001" in resumed.stdout and "training follows the new values" in resumed.stdout
+    groups = load(tmp_path / "ckpt.pt")["optimizer"]["param_groups"]
+    adamw = [g for g in groups if "betas" in g]
+    muon = [g for g in groups if "betas" not in g]
+    assert adamw and muon
+    assert [(g["initial_lr"], tuple(g["betas"])) for g in adamw] == [(1e-4, (0.8, 0.9))] * len(adamw)
+    assert sorted(g["weight_decay"] for g in adamw) == [0.0, 0.05]  # none on biases and norms
+    assert [(g["initial_lr"], g["weight_decay"]) for g in muon] == [(1e-3, 0.05)] * len(muon)
+
+
+def test_resuming_in_fp16_what_trained_without_loss_scaling_names_the_dtype_to_use(tmp_path, data_dir, launch):
+    """On a GPU, --dtype=float16 turns on the grad scaler, whose state a bf16 or fp32 run never saved:
+    the checkpoint is not damaged, the dtype is wrong, and the message says which to use."""
+    import numpy as np
+    import train
+    check_ok(launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=2"))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    cfg = load_config(train.TrainConfig, [*TINY, f"--data_dir={data_dir}"])
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float16)
+    state = train.new_train_state(cfg, setup, model_from_checkpoint(checkpoint, "ckpt.pt"), np.zeros(64, np.uint16))
+    with pytest.raises(ValueError, match=r"resume in the dtype it was trained in \(--dtype=bfloat16 or"):
+        train.resume_state(state, checkpoint, "ckpt.pt", setup)
 
 
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
@@ -343,6 +376,21 @@ def test_a_model_that_cannot_compile_trains_uncompiled_with_a_note(tmp_path, dat
     assert all(p.grad is None for p in model.parameters()), "the compile attempt left gradients behind"
 
 
+def test_ctrl_c_while_compiling_is_one_line_and_nothing_is_written(tmp_path, data_dir, monkeypatch, capsys):
+    import train
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "compile", lambda model: interrupted)
+    with pytest.raises(SystemExit) as exit:
+        train.main(tiny_config(data_dir, tmp_path / "out"))
+    assert exit.value.code == 130
+    assert capsys.readouterr().err == ("error: interrupted before training started (while compiling, or timing this "
+                                       "CPU); nothing was trained\n")
+    assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
 @pytest.mark.compiles
 def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time(tmp_path, data_dir):
     """The real torch.compile on the default path (inductor, a C++ compiler): the run compiles, says so,
@@ -501,6 +549,7 @@ def test_flag_without_equals(TrainConfig):
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
     ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"), ("--threads=-1", "threads"),
+    ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"),
 ])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
@@ -615,6 +664,19 @@ def test_a_cuda_device_that_is_not_there(monkeypatch, name):
 def test_shipped_configs_load(TrainConfig):
     for path in sorted(Path(ROOT, "configs").glob("*.toml")):
         load_config(TrainConfig, [str(path)])
+
+
+@pytest.mark.parametrize("path, activation", [("configs/gpt2_124m.toml", "gelu_tanh"),
+                                              ("configs/shakespeare_char_gpu.toml", "gelu"),
+                                              ("configs/nanogpt_cpu_reference.toml", "gelu")])
+def test_the_recipe_configs_build_the_model_they_reproduce(TrainConfig, path, activation):
+    """GPT-2's and nanoGPT's recipes set every model option in which TrainConfig's CPU defaults leave
+    GPT-2's way (GPTConfig's defaults), so they train GPT-2's architecture with the recipe's GELU."""
+    from model import GPTConfig
+    cfg, shape = load_config(TrainConfig, [path]), ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+    gpt2_way = {**{f.name: f.default for f in fields(GPTConfig) if f.name not in shape and
+                   getattr(TrainConfig(), f.name) != f.default}, "activation": activation}
+    assert {name: getattr(cfg, name) for name in gpt2_way} == gpt2_way
 
 
 def test_vocab_size_pads_the_embedding_and_sampling_takes_it(tmp_path, data_dir, launch):
