@@ -92,9 +92,9 @@ def make_case(cfg, backend, T, device):
     grad = torch.randn_like(x)
 
     def step():
-        mha.zero_grad(set_to_none=True)  # every call allocates the same gradients, none accumulate
-        x.grad = None
         mha(x).backward(grad)
+        mha.zero_grad(set_to_none=True)  # the next call starts with none: its peak counts its own gradients
+        x.grad = None
 
     return step
 

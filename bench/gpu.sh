@@ -121,5 +121,5 @@ fi
 echo
 echo "=== summary ($((SECONDS - T0)) s in all; results in $RES)"
 printf '%s' "$SUMMARY"
-grep -h -E "^(\| (eager|compiled|manual|sdpa|flash|fa2|fa3) |peak memory flash|KV cache speed-up|requirement|greedy|[0-9]+ (passed|failed))" "$LOG" | sort -u
+grep -h -E "^(\| (eager|compiled|manual|sdpa|flash|fa2|fa3|kv_cache|kv_cache_compiled|no_cache|nanogpt) |peak memory flash|\(median of [0-9]+ interleaved runs\)|requirement|greedy|[0-9]+ (passed|failed))" "$LOG" | sort -u
 exit 0

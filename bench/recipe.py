@@ -71,6 +71,12 @@ class RecipeBench:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.eval_block_size < 0:
             raise ValueError(f"eval_block_size must be >= 0, got {self.eval_block_size}")
+        if self.run_timeout < 0:
+            raise ValueError(f"run_timeout must be >= 0 (0: 3 * max_seconds + 300), got {self.run_timeout}")
+        try:
+            shlex.split(self.train_args)
+        except ValueError as e:  # an unclosed quote, say
+            raise ValueError(f"train_args={self.train_args!r} cannot be split into flags ({e})") from None
 
 
 def label(config):
@@ -100,6 +106,7 @@ def run_train(cfg, config, seed, out_dir):
             rc = subprocess.run(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
+            log.write(f"killed after run_timeout={timeout} s\n")
     rec = {"config": config, "repo": "base" if repo != ROOT else "this", "label": label((repo, config)), "seed": seed,
            "out_dir": out_dir, "returncode": rc,
            "wall_seconds": round(time.time() - start, 1)}
@@ -131,13 +138,14 @@ def spread(values):
 
 
 def check_configs(cfg):
-    """The --configs list, each a path (absolute, or relative to the repository root) or "default"."""
+    """The --configs list, each "default" or an absolute path to a file (given relative to the repository
+    root or to the current directory): the runs start in the checkout whose train.py they run."""
     configs = split_list(cfg.configs, "configs")
     for c in configs:
         if c != "default" and not os.path.isfile(os.path.join(ROOT, c)) and not os.path.isfile(c):
             fail(f"config file {c!r} not found (paths are relative to the repository root; 'default' means none)")
-    configs = [c if c == "default" or os.path.isabs(c) or not os.path.isfile(os.path.join(ROOT, c))
-               else os.path.join(ROOT, c) for c in configs]
+    configs = [c if c == "default" else os.path.join(ROOT, c) if os.path.isfile(os.path.join(ROOT, c))
+               else os.path.abspath(c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
     if cfg.base_repo:
@@ -253,7 +261,8 @@ def main(cfg):
     configs = check_configs(cfg)
     seeds = split_list(cfg.seeds, "seeds", int)
     device = resolve_device(cfg.device)
-    work = cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}")
+    # absolute: each run starts in the checkout whose train.py it runs
+    work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))
     info = machine_info(device)
     print_machine(info)
     budget = f"{cfg.iterations} iterations" if cfg.iterations else f"{cfg.max_seconds:g} s of training"

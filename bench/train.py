@@ -13,9 +13,9 @@ token array, forward under autocast, backward, gradient clipping, the optimizer 
 speed does not depend on the data), at the peak learning rate. All variants start from the same
 weights and see the same batches.
 
-Time: every variant is built first; compiled ones take their first step then (that step's time,
-compile included, is reported as "compile s" and excluded from the timing); each variant runs
-`warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
+Time: every variant is built first; compiled ones are compiled as train.py compiles them (on a batch
+of zeros, before the first step: building and compiling are reported as "compile s"); each takes a
+first step, timed apart, and runs `warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
 (A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
 Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = model.flops_per_token()
 * tokens/s / hardware.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
@@ -104,6 +104,9 @@ class TrainBench:
             raise ValueError(f"profile must be >= 0, got {self.profile}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size must be >= 0 (0: the config's), got {self.vocab_size}")
+        TrainConfig(seed=self.seed)  # train.py's own check of a seed (ValueError)
 
 
 def parse_args(argv):
@@ -149,7 +152,7 @@ def variant_list(cfg, tcfg, device_type):
                 spec["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
         return ["execution"], specs
     if cfg.variants == "auto":
-        axes = ["dtype", "attention"] if device_type != "cuda" else list(AXES)
+        axes = ["dtype", "attention"] if device_type != "cuda" else ["compile", "dtype", "attention"]
     elif cfg.variants == "none":
         axes = []
     else:
@@ -198,12 +201,16 @@ class Variant:
         self.raw = GPT(model_config(self.cfg, vocab))
         self.state = train.new_train_state(self.cfg, self.setup, self.raw, tokens)
         self.data = train.Data(tokens, tokens, {"tokenizer": "random", "vocab_size": vocab})
+        torch.use_deterministic_algorithms(False)  # as train.py's process starts: compile_model may switch it on
         with contextlib.redirect_stdout(io.StringIO()) as said:  # its "compiling" lines
             self.model = train.wrap_model(self.cfg, self.setup, self.raw, self.state.optimizers)
         self.compile_failed = "torch.compile failed" in said.getvalue()
+        # a process-wide mode: each variant's steps run under its own, not under the last one built's
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
 
     def step(self):
         """train.py's train_step at the peak learning rate: returns the step's mean loss."""
+        torch.use_deterministic_algorithms(self.deterministic)
         return train.train_step(self.state, self.model, self.cfg, self.setup, 1.0)
 
     def time_loop(self, iterations):
@@ -211,6 +218,7 @@ class Variant:
         schedule, step, loss bookkeeping, log lines, clock and signal checks, as its clock counts them
         (the evaluation and the save at its end are left out, as train.py leaves them out)."""
         self.cfg.max_iters = self.state.iter_num + iterations
+        torch.use_deterministic_algorithms(self.deterministic)
         stop, before = train.StopRequest(), self.state.clock.seconds()
         with contextlib.redirect_stdout(io.StringIO()):  # its log lines
             logger = train.TrainingLog(self.cfg, self.setup, self.raw)
@@ -399,6 +407,7 @@ def time_matmuls(cfg, variants, device):
                    keywords.get("alpha"), "out" in keywords)
             counts[key] = counts.get(key, 0) + 1
             if key not in alone:
+                fn(*tensors, **keywords)  # warm-up: oneDNN picks and builds its kernel for these shapes
                 alone[key] = statistics.median(timed(lambda: fn(*tensors, **keywords), device)
                                                for _ in range(cfg.repeats))
         rec["matmuls"] = {"calls": len(calls), "gflop": sum(matmul_flops(t) for _, t, _ in calls) / 1e9,

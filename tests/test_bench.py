@@ -3,11 +3,13 @@ from. Nothing here is timed: these only keep the scripts working as the code und
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, check_ok
+from helpers import ENV, ROOT, check_ok
 
 SCRIPTS = ("attention", "train", "sample", "recipe", "attention_page")
 
@@ -174,6 +176,33 @@ def test_bench_help_describes_every_setting(launch, script):
     assert not undescribed, undescribed
 
 
+@pytest.mark.parametrize("script, flag, says", [
+    ("bench/train.py", "--seed=-1", "seed must be in [0, 2**32), got -1"),
+    ("bench/train.py", "--seed=4294967296", "seed must be in [0, 2**32)"),
+    ("bench/train.py", "--vocab_size=-3", "vocab_size must be >= 0"),
+    ("bench/recipe.py", "--train_args='oops", "train_args=\"'oops\" cannot be split into flags"),
+    ("bench/recipe.py", "--run_timeout=-1", "run_timeout must be >= 0"),
+])
+def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
+    proc = launch(script, flag, f"--out={tmp_path / 'x.json'}")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_path, data_dir):
+    """train.py runs in its checkout; a config path and work_dir given relative to the caller's directory
+    still name the same files there."""
+    (tmp_path / "tiny.toml").write_text(f"n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\nbatch_size = 2\n"
+                                        f"dtype = 'float32'\ncompile = false\ndata_dir = '{data_dir}'\n")
+    proc = subprocess.run([sys.executable, str(Path(ROOT, "bench/recipe.py")), "--configs=tiny.toml", "--device=cpu",
+                           "--iterations=2", "--seeds=1", "--eval_batches=2", "--work_dir=work", "--out=r.json"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert [r["returncode"] for r in runs] == [0], runs
+    assert (tmp_path / "work").is_dir() and not Path(ROOT, "work").exists()
+
+
 def test_top_ops_names_compiled_kernels_by_the_ops_they_fuse():
     """bench/*.py --profile: inductor's kernels are listed beside PyTorch's ops (the same kernel in two
     graphs is one row); profiler labels and Python frames are not ops."""
@@ -184,6 +213,33 @@ def test_top_ops_names_compiled_kernels_by_the_ops_they_fuse():
     prof = SimpleNamespace(key_averages=lambda: [SimpleNamespace(key=k, self_cpu_time_total=t) for k, t in events])
     assert top_ops(prof, 2) == {"inductor:add_relu_1": 8.0, "aten::mm": 5.0}
     assert list(top_ops(prof, 5)) == ["inductor:add_relu_1", "aten::mm", "aten::add"]
+
+
+def test_each_train_bench_variant_steps_under_its_own_deterministic_mode(monkeypatch, tmp_path):
+    """compile_model switches the process-wide deterministic mode on, on a CPU; an eager variant built
+    beside a compiled one runs as `train.py --compile=false` does, without it."""
+    import numpy as np
+    import torch
+    import train
+    from bench.train import Variant
+
+    def compile_model(model, cfg, setup, optimizers):  # what the real one does to the process, without compiling
+        torch.use_deterministic_algorithms(True)
+        return model
+
+    modes = []
+    monkeypatch.setattr(train, "compile_model", compile_model)
+    monkeypatch.setattr(train, "train_step", lambda *args: modes.append(torch.are_deterministic_algorithms_enabled()))
+    tcfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, dtype="float32")
+    tokens = np.zeros(1000, dtype=np.uint16)
+    try:
+        compiled, eager = (Variant({"compile": c, "dtype": "float32", "attention": "manual", "optimizer": "adamw",
+                                    "activation": "relu2"}, tcfg, 65, "cpu", tokens, 1, 0, str(tmp_path))
+                           for c in (True, False))
+        eager.step(), compiled.step(), eager.step()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert modes == [False, True, False]
 
 
 def test_results_files_name_no_directory_of_the_machine(tmp_path):
