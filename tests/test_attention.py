@@ -1,11 +1,13 @@
 """Tests of attention.py: the causal mask, the three CPU backends (manual, sdpa, flash), the KV
-cache, cross-attention, and the backend checks.
+cache, cross-attention, the backend checks, and the code around the flash-attn package's call (fa2,
+fa3), with the package, which needs a GPU, stood in for by its contract written with SDPA.
 
 Every property is checked on every backend that runs on CPU, in fp32, with batch > 1. Expected
 values come from `reference_attention`, an explicit per-query loop that slices the visible keys
 instead of masking, so it shares no masking code with attention.py.
 """
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -285,6 +287,125 @@ def test_non_causal_self_attention_sees_everything(backend):
     assert torch.all(g[:, 1:].abs().amax(-1) > 1e-7), "without the mask position 0 should see the future"
 
 
+# --------------------------------------------------------------------------- the flash-attn package's path
+# attention="fa2"/"fa3" call the flash-attn package, which runs only on CUDA GPUs. Its contract is
+# written out below with SDPA, and put where attention.py looks for the package, so that the code around
+# the call (the layout, the dtype, FA3's tuple, dropout) runs here against the manual backend.
+
+
+def sdpa_flash_attn(q, k, v, dropout_p=0.0, causal=False):
+    """flash_attn_func's contract, computed with SDPA: q (B, Tq, H, D), k and v (B, Tk, H, D), all three
+    in one dtype with a contiguous last dimension (the kernels refuse anything else); the causal mask
+    bottom-right aligned (flash-attn >= 2.1). Returns (B, Tq, H, D)."""
+    assert q.dim() == k.dim() == v.dim() == 4, "flash-attn takes (B, T, H, D)"
+    assert q.shape[0] == k.shape[0] == v.shape[0] and q.shape[2:] == k.shape[2:] == v.shape[2:] \
+        and k.shape[1] == v.shape[1], f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    assert q.dtype == k.dtype == v.dtype, "query, key and value must have the same dtype"
+    assert all(t.stride(-1) == 1 for t in (q, k, v)), "input tensors must have a contiguous last dimension"
+    Tq, Tk = q.size(1), k.size(1)
+    mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
+    y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p)
+    return y.transpose(1, 2)
+
+
+@pytest.fixture
+def flash_attn_package(monkeypatch):
+    """As if the flash-attn package were installed and the tensors bf16 on a Hopper GPU (for
+    check_backend): attention.fa2_func and fa3_func are sdpa_flash_attn with FA2's and FA3's signatures
+    (FA3's without dropout_p, returning (out, logsumexp) as some builds do, or out alone when
+    `fa3_returns_tuple` is set False), and flash_attn_package picks them for "fa2" and "fa3".
+    `calls` records each call: (function, dropout_p, causal)."""
+    import attention
+
+    package = SimpleNamespace(calls=[], fa3_returns_tuple=True)
+
+    def fa2(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        package.calls.append(("fa2", dropout_p, causal))
+        return sdpa_flash_attn(q, k, v, dropout_p, causal)
+
+    def fa3(q, k, v, softmax_scale=None, causal=False):
+        package.calls.append(("fa3", 0.0, causal))
+        out = sdpa_flash_attn(q, k, v, 0.0, causal)
+        lse = out.new_zeros(out.size(0), out.size(2), out.size(1), dtype=torch.float32)  # (B, H, Tq)
+        return (out, lse) if package.fa3_returns_tuple else out
+
+    check = attention.check_backend
+    monkeypatch.setattr(attention, "fa2_func", fa2)
+    monkeypatch.setattr(attention, "fa3_func", fa3)
+    monkeypatch.setattr(attention, "flash_attn_package",
+                        lambda backend, q, dropout_p: {"fa2": fa2, "fa3": fa3}[backend])
+    monkeypatch.setattr(attention, "check_backend", lambda backend, device_type=None, dtype=None, dropout=0.0:
+                        check(backend, device_type and "cuda", device_type and torch.bfloat16, dropout))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    return package
+
+
+PACKAGE_BACKENDS = {"fa2": ("fa2", True), "fa3": ("fa3", True), "fa3-tensor": ("fa3", False)}
+
+
+@pytest.mark.parametrize("variant", list(PACKAGE_BACKENDS))
+def test_flash_attn_package_path_matches_manual(flash_attn_package, variant):
+    """Through the flash-attn package's path ((B, T, H, D) in and out, FA3's tuple or tensor), "fa2"
+    and "fa3" compute what the manual backend computes, outputs and gradients: causal self-attention,
+    queries after a KV cache (bottom-right), one query, and cross-attention (no mask)."""
+    backend, flash_attn_package.fa3_returns_tuple = PACKAGE_BACKENDS[variant]
+    ref = make_mha("manual")
+    m = clone_as(ref, backend)
+
+    def check(prefix, tq, context_len=None):
+        x = rand(B, prefix + tq, C, seed=prefix + tq)
+        context = rand(B, context_len, C, seed=99) if context_len else None
+        results = []
+        for layer in (ref, m):
+            cache = KVCache(BLOCK) if prefix else None
+            if prefix:
+                with torch.no_grad():
+                    layer(x[:, :prefix], kv_cache=cache)
+            xq = x[:, prefix:].clone().requires_grad_(True)
+            y = layer(xq, context=context, kv_cache=cache)
+            results.append((y, grads(y, [xq], layer.parameters())))
+        (y_ref, g_ref), (y, g) = results
+        torch.testing.assert_close(y, y_ref, atol=ATOL, rtol=0, msg=f"prefix {prefix}, {tq} queries")
+        for a, e in zip(g, g_ref):
+            torch.testing.assert_close(a, e, atol=ATOL, rtol=0, msg=f"gradient: prefix {prefix}, {tq} queries")
+
+    for prefix, tq in ((0, 1), (0, 7), (0, BLOCK), (5, 3), (4, 1), (8, 8)):
+        check(prefix, tq)
+    check(0, 5, context_len=9)
+    check(0, 9, context_len=5)
+    # every forward of the layer went to the package (prefills too), causal but for the cross-attentions
+    assert flash_attn_package.calls == [(backend, 0.0, True)] * 9 + [(backend, 0.0, False)] * 2
+
+
+def test_flash_attn_package_gets_dropout_in_training_only(flash_attn_package):
+    """FA2 is given the layer's dropout while training and none in eval; FA3, which has none, runs the
+    layer in eval and refuses it while training, as check_backend says."""
+    torch.manual_seed(0)
+    x = rand(B, 6, C)
+    m = MultiHeadAttention(C, NH, dropout=0.1, backend="fa2")
+    m.train()(x)
+    m.eval()(x)
+    assert flash_attn_package.calls == [("fa2", 0.1, True), ("fa2", 0.0, True)]
+    m = MultiHeadAttention(C, NH, dropout=0.1, backend="fa3")
+    m.eval()(x)
+    with pytest.raises(ValueError, match="'fa3' has no dropout"):
+        m.train()(x)
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_flash_attn_package_gets_q_k_v_in_one_dtype(flash_attn_package, backend):
+    """A norm may leave q and k in fp32 where autocast gave v bf16: the package gets all three in v's
+    dtype (its kernels refuse a mix), and the output comes back in it, the attention of the three."""
+    m = make_mha(backend)
+    q, k = rand(B, NH, 7, HS, seed=1), rand(B, NH, 7, HS, seed=2)
+    v = rand(B, NH, 7, HS, seed=3).bfloat16()
+    y = m.flash(q, k, v, True, 0.0)
+    assert y.dtype == torch.bfloat16 and y.shape == (B, NH, 7, HS)
+    expected, _ = manual_attention(q, k, v.float(), causal_mask(7, 7))
+    torch.testing.assert_close(y.float(), expected, atol=2e-2, rtol=0)
+    assert flash_attn_package.calls == [(backend, 0.0, True)]
+
+
 # --------------------------------------------------------------------------- KV cache object
 
 
@@ -346,7 +467,25 @@ def test_mha_constructor_rejects_bad_config():
         MultiHeadAttention(30, 4)
     with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):
         MultiHeadAttention(C, NH, backend="xformers")
-    assert set(CPU_BACKENDS) <= set(BACKENDS)
+
+
+def runs_on_cpu(backend):
+    """Whether attention.check_backend, the one place a backend is checked, lets it run on this CPU
+    in some dtype."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        try:
+            check_backend(backend, "cpu", dtype, 0.0)
+            return True
+        except ValueError:
+            pass
+    return False
+
+
+def test_cpu_backends_are_every_backend_that_runs_on_a_cpu():
+    """CPU_BACKENDS, which every equivalence test here runs over, is exactly the backends that can run
+    on a CPU: a new backend that runs here cannot escape them, and none listed is one that cannot run."""
+    assert set(CPU_BACKENDS) == {b for b in BACKENDS if runs_on_cpu(b)}
+    assert set(FUSED_BACKENDS) == set(CPU_BACKENDS) - {"manual"}
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])

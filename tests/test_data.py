@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import data.loader
 import data.prepare
@@ -487,3 +488,15 @@ def test_cli_shakespeare_default(tmp_path, corpus):
     assert r.stdout.startswith("Shakespeare corpus: ")
     d = tmp_path / "data" / "shakespeare_char"
     assert load_meta(str(d))["tokenizer"] == "char" and len(tokens(d)) == sum(map(len, shakespeare_corpus()))
+
+
+def test_a_batch_holds_windows_from_its_offsets_and_targets_one_token_further():
+    from data.loader import Batches
+    tokens = np.arange(1000, dtype=np.uint16)  # token i is i: a window shows where it was read
+    batches = Batches(tokens, block_size=8, batch_size=4, seed=0, device="cpu")
+    offsets = batches.offsets(1)[0]
+    x, y = batches.load(offsets)
+    assert x.shape == y.shape == (4, 8) and x.dtype == torch.long
+    assert torch.equal(x, offsets[:, None] + torch.arange(8))
+    assert torch.equal(y, x + 1), "each target is the token after its input"
+

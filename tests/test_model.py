@@ -5,12 +5,15 @@ import json
 import math
 import shutil
 import zlib
+from dataclasses import asdict
 
 import pytest
 import torch
 
-from attention import MultiHeadAttention
-from helpers import assert_causal_weights
+from attention import BACKENDS, MultiHeadAttention, check_backend
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from data.tokenizer import tokenizer_from_meta
+from helpers import assert_causal_weights, check_ok
 from model import GPT, MLP, GPTConfig, sample_next
 from optim import configure_optimizers
 
@@ -99,17 +102,20 @@ def test_attention_steps_are_the_q_k_v_behind_the_weights_and_the_output(arch):
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_forward_weights_with_kv_cache_cover_cached_positions(backend):
+    """Queries after a cache (filled by the backend itself) get the very weights a full pass gives
+    their positions: the rows 6.. of the full pass's (T, T) weights, over every cached key."""
     model = make_gpt(backend)
     idx = rand_tokens(B, 10)
     with torch.no_grad():
         cache = model.new_kv_cache()
         model(idx[:, :6], kv_cache=cache)
         weights = model.attention_weights(idx[:, 6:], kv_cache=cache)
-        full, _ = model(idx)
-    assert len(weights) == 2 and cache[0].pos == 10
-    for w in weights:
+        full = model.attention_weights(idx)
+    assert len(weights) == len(full) == 2 and cache[0].pos == 10
+    for w, w_full in zip(weights, full):
         assert w.shape == (B, 4, 4, 10)
         assert_causal_weights(w, q_start=6)
+        torch.testing.assert_close(w, w_full[:, :, 6:], atol=1e-6, rtol=0)
 
 
 # --------------------------------------------------------------------------- causality
@@ -562,12 +568,117 @@ def test_sample_next_draws_each_token_with_its_probability():
     assert ((frequency - probs).abs() <= tolerance).all(), frequency
 
 
+@pytest.mark.parametrize("temperature, top_k, top_p, kept", [
+    # top_k=2 leaves tokens 1 and 3 at 0.625 and 0.375: top_p=0.6 of those keeps 1 alone (of the
+    # untruncated probabilities it would keep 1 and 3)
+    (1.0, 2, 0.6, [1]),
+    # at temperature 0.5 the probabilities are p² renormalised, 0.685 for token 1, which reaches 0.6
+    # alone (at temperature 1, 1 and 3 are needed)
+    (0.5, None, 0.6, [1]),
+    # at temperature 2, √p renormalised: 0.38, 0.29, 0.21 for tokens 1, 3, 2; three reach 0.7 (at
+    # temperature 1, two do)
+    (2.0, None, 0.7, [1, 3, 2]),
+    # both, at temperature 2: top_k=3 renormalises 1, 3, 2 to 0.43, 0.33, 0.24, and two of them reach 0.7
+    (2.0, 3, 0.7, [1, 3]),
+], ids=["top_k-then-top_p", "cold-top_p", "hot-top_p", "hot-top_k-then-top_p"])
+def test_sample_next_applies_temperature_then_top_k_then_top_p(temperature, top_k, top_p, kept):
+    """The order of the truncations: the temperature first, then top_k, then top_p on what top_k left,
+    renormalised; each token kept is then drawn with its renormalised probability (20,000 draws, every
+    frequency within 4 standard errors; the others never)."""
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    expected = probs ** (1 / temperature)
+    expected[[i for i in range(4) if i not in kept]] = 0
+    expected /= expected.sum()
+    logits = probs.log().repeat(20_000, 1)
+    drawn = sample_next(logits, temperature, top_k, top_p, generator=torch.Generator().manual_seed(0))[:, 0]
+    frequency = torch.bincount(drawn, minlength=4).float() / 20_000
+    assert set(drawn.tolist()) == set(kept)
+    tolerance = 4 * (expected * (1 - expected) / 20_000).sqrt() + 1e-9
+    assert ((frequency - expected).abs() <= tolerance).all(), (frequency, expected)
+
+
+# --------------------------------------------------------------------------- sample.py's options
+
+SEPARATOR = "\n---------------\n"
+
+
+@pytest.fixture(scope="module")
+def sampling_out_dir(tmp_path_factory, data_dir):
+    """An out_dir whose ckpt.pt holds what sample.py reads of train.py's: a small model with random
+    weights (make_gpt's), its config and data_dir's character tokenizer. Written here rather than
+    trained, so that it is cheap and the distributions are far from flat and far from one-hot."""
+    meta = json.loads((data_dir / "meta.json").read_text())
+    model = make_gpt("manual", vocab_size=meta["vocab_size"], std=0.3)
+    out = tmp_path_factory.mktemp("out")
+    save_checkpoint({"model": model.state_dict(), "model_config": asdict(model.config), "tokenizer": meta},
+                    str(out / "ckpt.pt"))
+    return out
+
+
+def sample_py(launch, out_dir, *args):
+    """The three samples (prompt and continuation each) that `python sample.py ARGS` writes from
+    out_dir/ckpt.pt: 30 new tokens after "All", past the end of the 16-token window."""
+    proc = check_ok(launch("sample.py", f"--out_dir={out_dir}", "--device=cpu", "--dtype=float32", "--start=All",
+                           "--max_new_tokens=30", "--num_samples=3", *args))
+    samples = proc.stdout.split(SEPARATOR)
+    assert len(samples) == 4 and samples[-1] == "", proc.stdout
+    return samples[:3]
+
+
+@pytest.mark.parametrize("truncation", [["--top_k=1"], ["--top_p=0.001", "--top_k=none"]], ids=["top_k", "top_p"])
+def test_sample_py_top_k_one_and_a_tiny_top_p_decode_greedily(launch, sampling_out_dir, truncation):
+    """--top_k=1, or a top_p that only the most likely token reaches, leaves one token to draw: sample.py
+    then writes, at a hot temperature and with any seed, what greedy decoding (--temperature=0) writes;
+    without the flag, the same run samples something else. Shows that the flag reaches the sampler."""
+    greedy = sample_py(launch, sampling_out_dir, "--temperature=0", "--seed=2")
+    assert len(set(greedy)) == 1, "greedy decoding writes the same for every sample of a batch"
+    hot = ["--temperature=1.5", "--seed=1"]
+    assert sample_py(launch, sampling_out_dir, *hot, *truncation) == greedy
+    assert all(sample != greedy[0] for sample in sample_py(launch, sampling_out_dir, *hot)), \
+        "sampling without the truncation writes what greedy decoding writes: the test proves nothing"
+
+
+def test_sample_py_samples_with_the_top_k_and_top_p_it_is_given(launch, sampling_out_dir, data_dir):
+    """sample.py's samples are model.generate's, same seed, with the temperature, top_k and top_p of its
+    flags: values that each truncate this model's distributions, so that without either of them
+    generate samples something else."""
+    options = dict(temperature=1.3, top_k=5, top_p=0.8)
+    samples = sample_py(launch, sampling_out_dir, "--seed=3", *(f"--{k}={v}" for k, v in options.items()))
+    checkpoint = load_checkpoint(str(sampling_out_dir / "ckpt.pt"))
+    model = model_from_checkpoint(checkpoint, "ckpt.pt").eval()
+    tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
+
+    def generate(**sampling):
+        rows = model.generate(torch.tensor([tokenizer.encode("All")] * 3), 30, vocab_size=tokenizer.vocab_size,
+                              generator=torch.Generator().manual_seed(3), **sampling)
+        return [tokenizer.decode(row) for row in rows.tolist()]
+
+    assert samples == generate(**options)
+    assert generate(**{**options, "top_k": None}) != samples, "top_k=5 changes nothing here: the test proves nothing"
+    assert generate(**{**options, "top_p": None}) != samples, "top_p=0.8 changes nothing here: the test proves nothing"
+
+
 # --------------------------------------------------------------------------- configuration
 
 
 def test_config_rejects_n_embd_not_divisible_by_n_head():
     with pytest.raises(ValueError, match="n_embd=30 must be divisible by n_head=4"):
         GPTConfig(n_embd=30, n_head=4)
+
+
+def test_every_backend_that_runs_on_a_cpu_is_tested_here():
+    """CPU_BACKENDS, which every model-level property runs over, is exactly the backends that
+    attention.check_backend lets run on a CPU (in some dtype): a new one cannot escape the tests."""
+    def runs_on_cpu(backend):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            try:
+                check_backend(backend, "cpu", dtype, 0.0)
+                return True
+            except ValueError:
+                pass
+        return False
+
+    assert set(CPU_BACKENDS) == {b for b in BACKENDS if runs_on_cpu(b)}
 
 
 def test_config_rejects_unknown_attention_backend():

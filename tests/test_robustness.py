@@ -14,6 +14,7 @@ import collections
 import importlib.util
 import json
 import os
+import pickle
 import platform
 import queue
 import re
@@ -192,11 +193,19 @@ def test_save_survives_sigkill_mid_save(tmp_path):
     assert os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+# A lambda cannot be pickled: pickle looks it up by name, `<lambda>`, in this module, and fails with
+# PicklingError. Kept at module level: a local lambda fails with AttributeError up to Python 3.13
+# ("Can't pickle local object") and with PicklingError from 3.14 on.
+UNPICKLABLE = lambda: None  # noqa: E731
+
+
 def test_failed_save_keeps_previous_and_cleans_up(tmp_path):
+    """A save that fails while pickling raises pickle's own error (not some other bug's) and leaves the
+    previous checkpoint, and nothing else, behind."""
     path = tmp_path / "ckpt.pt"
     save_checkpoint({"iter_num": 1, "w": torch.ones(3)}, str(path))
-    with pytest.raises(Exception):
-        save_checkpoint({"iter_num": 2, "bad": lambda: None}, str(path))  # a lambda cannot be pickled
+    with pytest.raises(pickle.PicklingError, match="Can't pickle <function <lambda>"):
+        save_checkpoint({"iter_num": 2, "bad": UNPICKLABLE}, str(path))
     assert os.listdir(tmp_path) == ["ckpt.pt"]
     assert load_checkpoint(str(path))["iter_num"] == 1
 

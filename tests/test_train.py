@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -252,6 +253,69 @@ def tiny_config(data_dir, out_dir, **overrides):
     return TrainConfig(**{**dict(device="cpu", dtype="float32", max_seconds=0, max_iters=3, n_layer=1, n_head=2,
                                  n_embd=16, block_size=8, batch_size=2, eval_iters=1, data_dir=str(data_dir),
                                  out_dir=str(out_dir)), **overrides})
+
+
+def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_default(tmp_path, data_dir, monkeypatch):
+    """Every group of both optimizers steps at its peak rate times the schedule: a linear warm-up, then a
+    cosine from the peak down to min_lr/learning_rate at max_iters (lr_decay_iters=0)."""
+    import math
+    import train
+    real, multipliers = train.train_step, []
+
+    def train_step(state, *args):
+        loss = real(state, *args)
+        multipliers.append({round(g["lr"] / g["initial_lr"], 12) for opt in state.optimizers for g in opt.param_groups})
+        return loss
+
+    monkeypatch.setattr(train, "train_step", train_step)
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, warmup_iters=2, learning_rate=1e-3,
+                           min_lr=1e-4, lr_decay_iters=0))
+    floor = 0.1  # min_lr / learning_rate
+    cosine = [floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * (it - 2) / (6 - 2))) for it in range(2, 6)]
+    assert multipliers == [{round(m, 12)} for m in [1 / 3, 2 / 3, *cosine]]
+
+
+def test_clipping_reaches_the_optimizers(tmp_path, data_dir, monkeypatch):
+    """What the optimizers step on has a norm of at most grad_clip, where the raw gradient's is larger."""
+    import train
+
+    def gradient_norm_at_the_update(grad_clip):
+        cfg = tiny_config(data_dir, tmp_path, compile=False, grad_clip=grad_clip)
+        setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                            device="cpu", dtype=torch.float32)
+        torch.manual_seed(0)
+        model = GPT(train.model_config(cfg, 40))
+        tokens = np.random.default_rng(0).integers(40, size=500).astype(np.uint16)
+        state = train.new_train_state(cfg, setup, model, tokens)
+        norms, real_step = [], state.optimizers[0].step
+
+        def step(*args, **kwargs):  # the first optimizer to step: every gradient as clipping left it
+            norms.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item())
+            return real_step(*args, **kwargs)
+
+        monkeypatch.setattr(state.optimizers[0], "step", step)
+        train.train_step(state, model, cfg, setup, 1.0)
+        return norms[0]
+
+    assert gradient_norm_at_the_update(0.0) > 0.05
+    assert gradient_norm_at_the_update(0.05) == pytest.approx(0.05, rel=1e-4)
+
+
+def test_evaluation_reads_each_split_and_the_same_batches_whatever_the_seed(tmp_path, data_dir):
+    import train
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(n, size=2000).astype(np.uint16) for n in (10, 40))  # two unlike streams
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    torch.manual_seed(0)
+    model = GPT(train.model_config(tiny_config(data_dir, tmp_path), 40))
+    meta = {"tokenizer": "random", "vocab_size": 40}
+    losses = {seed: train.evaluate(model, train.Data(a, b, meta), tiny_config(data_dir, tmp_path, seed=seed), setup)
+              for seed in (1, 2)}
+    swapped = train.evaluate(model, train.Data(b, a, meta), tiny_config(data_dir, tmp_path, seed=1), setup)
+    assert losses[1]["val"] != losses[1]["train"]
+    assert (swapped["val"], swapped["train"]) == (losses[1]["train"], losses[1]["val"])
+    assert losses[1] == losses[2], "the evaluation batches depend on the run's seed"
 
 
 def test_evaluations_build_no_autograd_graph(tmp_path, data_dir, monkeypatch):
