@@ -42,3 +42,20 @@ def assert_causal_weights(w, q_start=0):
     assert torch.all(w[..., future] == 0), "a future key got nonzero attention weight"
     assert torch.all(w[..., ~future] > 0), "a past or present key got zero attention weight"
     torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-6, rtol=0)
+
+
+def backends_that_run_on_a_cpu():
+    """The attention backends that attention.check_backend, the one place a backend is checked, lets
+    run on a CPU in some dtype."""
+    from attention import BACKENDS, check_backend
+
+    def runs(backend):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            try:
+                check_backend(backend, "cpu", dtype, 0.0)
+                return True
+            except ValueError:
+                pass
+        return False
+
+    return {b for b in BACKENDS if runs(b)}

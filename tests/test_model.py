@@ -10,10 +10,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from attention import BACKENDS, MultiHeadAttention, check_backend
+from attention import MultiHeadAttention
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.tokenizer import tokenizer_from_meta
-from helpers import assert_causal_weights, check_ok
+from helpers import assert_causal_weights, backends_that_run_on_a_cpu, check_ok
 from model import GPT, MLP, GPTConfig, sample_next
 from optim import configure_optimizers
 
@@ -669,16 +669,7 @@ def test_config_rejects_n_embd_not_divisible_by_n_head():
 def test_every_backend_that_runs_on_a_cpu_is_tested_here():
     """CPU_BACKENDS, which every model-level property runs over, is exactly the backends that
     attention.check_backend lets run on a CPU (in some dtype): a new one cannot escape the tests."""
-    def runs_on_cpu(backend):
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            try:
-                check_backend(backend, "cpu", dtype, 0.0)
-                return True
-            except ValueError:
-                pass
-        return False
-
-    assert set(CPU_BACKENDS) == {b for b in BACKENDS if runs_on_cpu(b)}
+    assert set(CPU_BACKENDS) == backends_that_run_on_a_cpu()
 
 
 def test_config_rejects_unknown_attention_backend():
