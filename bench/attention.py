@@ -46,8 +46,8 @@ import torch
 
 import attention as attn_mod
 from attention import BACKENDS, MultiHeadAttention, check_backend
-from bench.benchutil import (default_out, fail, fmt, machine_info, md_table, parse, print_machine, resolve_device,
-                             set_threads, split_list, summary, timed, write_json)
+from bench.benchutil import (default_out, fail, failure, fmt, holds_or_not, machine_info, md_table, parse,
+                             print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
 
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
 CHECK_RATIO = 0.1
@@ -261,7 +261,7 @@ def prepare_point(cfg, b, T, device):
                        memory_method="torch.cuda.max_memory_allocated")
     except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
         rec.update(status="oom" if is_oom(e) else "error",
-                   message=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300])
+                   message=failure(e))
         return rec, None
     if first > cfg.time_budget:
         rec.update(status="slow", time={"median": first, "min": first, "max": first, "n": 1},
@@ -285,7 +285,7 @@ def time_interleaved(cfg, live, device, stopped, T):
                 samples[b].append(timed(step, device, rec["inner"]))
             except Exception as e:  # noqa: BLE001
                 rec.update(status="oom" if is_oom(e) else "error",
-                           message=f"{type(e).__name__} while timing: {(str(e).splitlines() or [''])[0]}"[:300])
+                           message=failure(e, " while timing"))
                 stopped[b] = f"{rec['status']} at T={T}"
     for b, (step, rec) in live.items():
         if rec["status"] != "ok":
@@ -404,7 +404,7 @@ def report(cfg, device, info, backends, seq_lens, results):
             verdict = f"not measured (T={CHECK_T} not in seq_lens, or a backend did not run there)"
         else:
             verdict = f"{r:.4f} (1/{1 / r:.0f})" if r > 0 else "0"
-            verdict += f" -> requirement <= {CHECK_RATIO}: {'HOLDS' if holds else 'DOES NOT HOLD'}"
+            verdict += f" -> requirement <= {CHECK_RATIO}: {holds_or_not(holds)}"
             if kind != "cpu":
                 verdict += " (the requirement is stated for CPU; shown for information)"
         print(f"peak memory flash / manual at T={CHECK_T}: {verdict}"

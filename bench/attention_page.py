@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attention_map import write_attention_page
-from bench.benchutil import default_out, md_table, machine_info, parse, print_machine, split_list, write_json
+from bench.benchutil import (default_out, holds_or_not, machine_info, md_table, parse, print_machine, split_list,
+                             write_json)
 from data.tokenizer import GPT2Tokenizer
 from model import GPT, GPTConfig
 from train import TrainConfig, model_config, with_machine_width
@@ -88,7 +89,7 @@ def main(cfg):
                    [[case, f"{r['n_layer']} x {r['n_head']}", r["block_size"], f"{r['tokens']:,}", f"{r['mb']:.1f}",
                      f"{r['write_s']:.1f}"] for case, r in results.items()]))
     for case, r in results.items():
-        verdict = ("HOLDS" if r["holds"] else "DOES NOT HOLD") if r["applies"] else \
+        verdict = holds_or_not(r["holds"]) if r["applies"] else \
             f"not applicable (stated over {STATED_TOKENS[case]} tokens)"
         print(f"requirement {case} page <= {r['goal_mb']:.0f} MB: {verdict}")
     write_json(cfg.out or default_out("attention-page", "cpu"),

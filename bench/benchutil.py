@@ -229,3 +229,15 @@ def write_json(path, obj):
 
 def fmt(x, spec=".1f", none="-"):
     return none if x is None else format(x, spec)
+
+
+def failure(e, doing=""):
+    """An exception as one short line for a result's "message": its type, what was being done, and
+    the first line of what it says."""
+    return f"{type(e).__name__}{doing}: {(str(e).splitlines() or [''])[0]}"[:300]
+
+
+def holds_or_not(holds):
+    """How a goal's check is printed."""
+    return "HOLDS" if holds else "DOES NOT HOLD"
+

@@ -56,9 +56,9 @@ import torch
 import torch.nn.functional as F
 
 from attention import Backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine, profiled,
-                             resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary, timed, top_ops,
-                             write_json)
+from bench.benchutil import (ROOT, default_out, fail, fmt, holds_or_not, machine_info, md_table, parse, print_machine,
+                             profiled, resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary,
+                             timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
@@ -274,7 +274,7 @@ def check_requirements(c, cfg, device_type, ratios):
         r = requirements[name] = {"min": minimum, "value": ratios[name], "applies": as_stated and applies,
                                   "stated": condition, "holds": ratios[name] >= minimum}
         shape = {k: REFERENCE_DEFAULTS[cfg.reference][k] for k in (*SHAPE, "max_new_tokens")}
-        verdict = ("HOLDS" if r["holds"] else "DOES NOT HOLD") if r["applies"] else \
+        verdict = holds_or_not(r["holds"]) if r["applies"] else \
             f"not applicable to this run (stated on a CPU for {shape}, {condition})"
         print(f"requirement {name} >= {minimum:.1f}x: {verdict}")
     return requirements

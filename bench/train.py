@@ -44,9 +44,9 @@ import torch
 
 import train
 from attention import BACKENDS, Backend, check_backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, os_costs, parse, print_machine,
-                             profiled, resolve_device, set_threads, show_compiled_kernels, split_list, summary, sync,
-                             timed, top_ops, write_json)
+from bench.benchutil import (ROOT, default_out, fail, failure, fmt, machine_info, md_table, os_costs, parse,
+                             print_machine, profiled, resolve_device, set_threads, show_compiled_kernels, split_list,
+                             summary, sync, timed, top_ops, write_json)
 from configurator import ConfigError, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE
@@ -245,10 +245,6 @@ def random_tokens(cfg, tcfg, vocab):
     n = max(100_000, 4 * tcfg.batch_size * (tcfg.block_size + 1) * cfg.grad_accum)
     dtype = TOKEN_DTYPE if vocab <= np.iinfo(TOKEN_DTYPE).max + 1 else np.int64
     return np.random.default_rng(cfg.seed).integers(vocab, size=n).astype(dtype)
-
-
-def failure(e):
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
 
 
 def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, out_dir):

@@ -275,30 +275,51 @@ def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_defaul
     assert multipliers == [{round(m, 12)} for m in [1 / 3, 2 / 3, *cosine]]
 
 
+def gradient_at_the_update(cfg, accumulation_steps, model, tokens, monkeypatch):
+    """Every gradient, flattened, as the optimizers get it in train.py's first step of model on tokens."""
+    import train
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False,
+                        accumulation_steps=accumulation_steps, device="cpu", dtype=torch.float32)
+    state = train.new_train_state(cfg, setup, model, tokens)
+    seen, real_step = [], state.optimizers[0].step
+
+    def step(*args, **kwargs):  # the first optimizer to step: every gradient as the step left it
+        seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(state.optimizers[0], "step", step)
+    train.train_step(state, model, cfg, setup, 1.0)
+    return seen[0]
+
+
 def test_clipping_reaches_the_optimizers(tmp_path, data_dir, monkeypatch):
     """What the optimizers step on has a norm of at most grad_clip, where the raw gradient's is larger."""
     import train
+    tokens = np.random.default_rng(0).integers(40, size=500).astype(np.uint16)
 
-    def gradient_norm_at_the_update(grad_clip):
+    def norm(grad_clip):
         cfg = tiny_config(data_dir, tmp_path, compile=False, grad_clip=grad_clip)
-        setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
-                            device="cpu", dtype=torch.float32)
         torch.manual_seed(0)
-        model = GPT(train.model_config(cfg, 40))
-        tokens = np.random.default_rng(0).integers(40, size=500).astype(np.uint16)
-        state = train.new_train_state(cfg, setup, model, tokens)
-        norms, real_step = [], state.optimizers[0].step
+        return gradient_at_the_update(cfg, 1, GPT(train.model_config(cfg, 40)), tokens, monkeypatch).norm().item()
 
-        def step(*args, **kwargs):  # the first optimizer to step: every gradient as clipping left it
-            norms.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item())
-            return real_step(*args, **kwargs)
+    assert norm(0.0) > 0.05
+    assert norm(0.05) == pytest.approx(0.05, rel=1e-4)
 
-        monkeypatch.setattr(state.optimizers[0], "step", step)
-        train.train_step(state, model, cfg, setup, 1.0)
-        return norms[0]
 
-    assert gradient_norm_at_the_update(0.0) > 0.05
-    assert gradient_norm_at_the_update(0.05) == pytest.approx(0.05, rel=1e-4)
+def test_a_step_over_micro_batches_steps_on_their_mean_gradient(tmp_path, data_dir, monkeypatch):
+    """Two micro-batches of 2 sequences give the gradient of one batch of all 4: the mean, not the sum."""
+    import copy
+    import train
+    from data.loader import Batches
+    tokens = np.random.default_rng(0).integers(40, size=500).astype(np.uint16)
+    cfg = tiny_config(data_dir, tmp_path, compile=False, grad_clip=0.0)
+    torch.manual_seed(0)
+    model = GPT(train.model_config(cfg, 40))
+    whole = copy.deepcopy(model)
+    batches = Batches(tokens, cfg.block_size, cfg.batch_size, cfg.seed, "cpu")  # as the step's own draws them
+    whole(*batches.load(batches.offsets(2).flatten()))[1].backward()
+    expected = torch.cat([p.grad.flatten() for p in whole.parameters() if p.grad is not None])
+    torch.testing.assert_close(gradient_at_the_update(cfg, 2, model, tokens, monkeypatch), expected, atol=1e-6, rtol=1e-5)
 
 
 def test_evaluation_reads_each_split_and_the_same_batches_whatever_the_seed(tmp_path, data_dir):
