@@ -262,15 +262,9 @@ class GPT(nn.Module):
         if wrong:
             raise ValueError(f"{directory}/config.json is damaged ({', '.join(wrong)}: these are whole numbers in "
                              "GPT-2's config); download the model again")
-        unlike = [f"{k}={hf[k]!r}" for k, allowed in HF_GPT2_ARCHITECTURE.items()
-                  if k in hf and not any(hf[k] == a and type(hf[k]) is type(a) for a in allowed)]
-        if unlike:  # transformers' GPT-2 class runs these variants; this model would run them as GPT-2, wrongly
-            raise ValueError(f"{directory}/config.json has {', '.join(unlike)}: this GPT runs GPT-2's architecture "
-                             "only (" + "; ".join(f"{k} {' or '.join(map(repr, v))}" for k, v in
-                                                   HF_GPT2_ARCHITECTURE.items()) + ")")
-        activation = HF_GPT2_ARCHITECTURE["activation_function"][hf.get("activation_function", "gelu_new")]
         config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation, **overrides)
+                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
+                           activation=gpt2_activation(hf, directory), **overrides)
         model = cls(config)
         sd_hf = load_hf_state_dict(directory)
         sd = model.state_dict()
@@ -331,6 +325,19 @@ HF_GPT2_ARCHITECTURE = {
     "activation_function": {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"},
     "layer_norm_epsilon": (1e-5,), "tie_word_embeddings": (True,), "scale_attn_weights": (True,),
     "scale_attn_by_inverse_layer_idx": (False,)}
+
+
+def gpt2_activation(hf, directory):
+    """The activation a Hugging Face GPT-2 config.json (hf) names; ValueError if it describes a variant
+    of GPT-2 beyond HF_GPT2_ARCHITECTURE, which this model would run as GPT-2, wrongly."""
+    # type too: JSON's true must not pass for 1, nor 1 for true
+    unlike = [f"{k}={hf[k]!r}" for k, allowed in HF_GPT2_ARCHITECTURE.items()
+              if k in hf and not any(hf[k] == a and type(hf[k]) is type(a) for a in allowed)]
+    if unlike:
+        choices = "; ".join(f"{k} {' or '.join(map(repr, v))}" for k, v in HF_GPT2_ARCHITECTURE.items())
+        raise ValueError(f"{directory}/config.json has {', '.join(unlike)}: this GPT runs GPT-2's architecture "
+                         f"only ({choices})")
+    return HF_GPT2_ARCHITECTURE["activation_function"][hf.get("activation_function", "gelu_new")]
 
 
 def check_init_from(name, own):
