@@ -46,7 +46,7 @@ import torch
 
 import attention as attn_mod
 from attention import BACKENDS, MultiHeadAttention, check_backend
-from bench.benchutil import (default_out, fail, failure, fmt, holds_or_not, machine_info, md_table, parse,
+from bench.benchutil import (cuda_peak, default_out, fail, failure, fmt, holds_or_not, machine_info, md_table, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
 
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
@@ -115,12 +115,13 @@ def is_oom(e):
 
 # ---- CPU peak memory, in a child process -------------------------------------------------------
 
-def status_kb(field):
-    with open("/proc/self/status") as f:
+def proc_kb(path, field):
+    """A "Field:   123 kB" line's number in a /proc file (/proc/self/status, /proc/meminfo)."""
+    with open(path) as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise OSError(f"no {field} in /proc/self/status")
+    raise OSError(f"no {field} in {path}")
 
 
 def single(cfg):
@@ -138,12 +139,12 @@ def single(cfg):
             method = "VmHWM after clear_refs"
         except OSError:
             method = "ru_maxrss - VmRSS (clear_refs not writable; may undercount)"
-        base_kb = status_kb("VmRSS")
+        base_kb = proc_kb("/proc/self/status", "VmRSS")
         start = time.perf_counter()
         step()
         seconds = time.perf_counter() - start
         if method.startswith("VmHWM"):
-            peak_kb = status_kb("VmHWM")
+            peak_kb = proc_kb("/proc/self/status", "VmHWM")
         else:
             import resource
             peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -156,17 +157,9 @@ def single(cfg):
 
 def mem_available():
     try:
-        return status_meminfo("MemAvailable") * 1024
+        return proc_kb("/proc/meminfo", "MemAvailable") * 1024
     except OSError:
         return None
-
-
-def status_meminfo(field):
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise OSError(field)
 
 
 def predicted_bytes(cfg, backend, T):
@@ -254,11 +247,8 @@ def prepare_point(cfg, b, T, device):
         step = make_case(cfg, b, T, device)
         first = timed(step, device)  # warm-up: kernel choice, thread pools, workspaces
         if cfg.memory and kind == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            first = timed(step, device)
-            rec.update(peak_bytes=torch.cuda.max_memory_allocated(device) - base,
-                       memory_method="torch.cuda.max_memory_allocated")
+            first, peak_bytes = cuda_peak(step, device)
+            rec.update(peak_bytes=peak_bytes, memory_method="torch.cuda.max_memory_allocated")
     except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
         rec.update(status="oom" if is_oom(e) else "error",
                    message=failure(e))

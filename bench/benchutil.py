@@ -140,6 +140,16 @@ def timed(fn, device, inner=1):
     return (time.perf_counter() - start) / inner
 
 
+def cuda_peak(fn, device):
+    """Run fn once on a CUDA device: (its seconds, the most memory it held above what was allocated
+    before it, in bytes)."""
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    seconds = timed(fn, device)
+    return seconds, torch.cuda.max_memory_allocated(device) - before
+
+
 def profiled(fn, device, record_shapes=False):
     """Run fn once under torch.profiler (CPU ops, and CUDA kernels on a GPU): (wall seconds, profiler).
     record_shapes: each op's events also say its arguments' shapes, strides, dtypes and numbers."""

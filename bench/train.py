@@ -44,9 +44,9 @@ import torch
 
 import train
 from attention import BACKENDS, Backend, check_backend
-from bench.benchutil import (ROOT, default_out, fail, failure, fmt, machine_info, md_table, os_costs, parse,
+from bench.benchutil import (ROOT, cuda_peak, default_out, fail, failure, fmt, machine_info, md_table, os_costs, parse,
                              print_machine, profiled, resolve_device, set_threads, show_compiled_kernels, split_list,
-                             summary, sync, timed, top_ops, write_json)
+                             summary, timed, top_ops, write_json)
 from configurator import ConfigError, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE
@@ -148,8 +148,7 @@ def variant_list(cfg, tcfg, device_type):
         specs = [{"execution": name, **spec, "optimizer": optimizer, "activation": activation}
                  for name, spec in EXECUTIONS.items()]
         for spec in specs:
-            if spec["dtype"] == "auto":
-                spec["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
+            spec["dtype"] = dtype_name(spec["dtype"], device_type)
         return ["execution"], specs
     if cfg.variants == "auto":
         axes = ["dtype", "attention"] if device_type != "cuda" else ["compile", "dtype", "attention"]
@@ -158,14 +157,12 @@ def variant_list(cfg, tcfg, device_type):
     else:
         axes = split_list(cfg.variants, "variants", allowed=AXES)
     base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
-            "dtype": cfg.dtype or tcfg.dtype,
+            "dtype": dtype_name(cfg.dtype or tcfg.dtype, device_type),
             "attention": cfg.attention or tcfg.attention,
             "optimizer": cfg.optimizer or tcfg.optimizer,
             "activation": cfg.activation or tcfg.activation}
-    if base["dtype"] == "auto":
-        base["dtype"] = str(pick_dtype("auto", device_type)).removeprefix("torch.")
     values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
-              "dtype": split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))
+              "dtype": [dtype_name(d, device_type) for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))]
               if "dtype" in axes else [base["dtype"]],
               "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
               if "attention" in axes else [base["attention"]],
@@ -174,6 +171,11 @@ def variant_list(cfg, tcfg, device_type):
               "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))
               if "activation" in axes else [base["activation"]]}
     return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
+
+
+def dtype_name(dtype, device_type):
+    """A variant's dtype as its name says it: "auto" becomes what train.py picks on this device."""
+    return str(pick_dtype("auto", device_type)).removeprefix("torch.") if dtype == "auto" else dtype
 
 
 def variant_name(v, axes):
@@ -269,12 +271,7 @@ def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, out_dir):
             v.step()
         rec["loss_after_warmup"] = v.step().item()
         if device_type == "cuda":
-            sync(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            v.step()
-            sync(device)
-            rec["peak_step_bytes"] = torch.cuda.max_memory_allocated(device) - before
+            rec["peak_step_bytes"] = cuda_peak(v.step, device)[1]
     except Exception as e:  # noqa: BLE001 - an OOM or a compile failure costs one variant, not the run
         rec.update(status="failed", message=failure(e))
         return None
