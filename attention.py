@@ -147,9 +147,13 @@ class MultiHeadAttention(nn.Module):
         self.keep_weights, self.weights, self.qkv = False, None, None
 
     def forward(self, x, context=None, kv_cache=None, rotary=None):
-        """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; rotary: (cos, sin) for the Tq
-        positions, to apply RoPE to self-attention. Returns y: (B, Tq, C)."""
+        """x: (B, Tq, C); context: (B, Tk, C) for cross-attention; kv_cache: x's earlier keys and values
+        (self-attention only); rotary: (cos, sin) for the Tq positions, to apply RoPE to self-attention.
+        Returns y: (B, Tq, C)."""
         B, Tq, C = x.shape
+        if context is not None and kv_cache is not None:
+            raise ValueError("a KV cache holds the keys and values of x's earlier tokens; with context, they come "
+                             "from context, which every call would append again: call cross-attention without kv_cache")
         if context is None:
             q, k, v = self.c_attn(x).split(C, dim=2)
         else:  # queries from x; keys and values from the other sequence, with the same weights

@@ -4,10 +4,11 @@ beside this file, filled in with the model's numbers) and a static picture drawn
 (.png, .pdf, .svg, .jpg). `python sample.py --attention_map=FILE` writes them.
 
 The page covers the whole text, prompt and what the model wrote. Each token's row is its attention
-over its own window, the last block_size tokens up to it (all of them while the text is shorter),
-and holds the arithmetic of manual_attention with the model's numbers: for every key in the window
-the raw score q·k, and the share of the output o = Σ α v that the key brings (α_j |v_j| over
-Σ α |v|), and per row |o|. The page divides by √d and takes the softmax itself, so what it shows as
+over its own window, the last block_size tokens up to it (all of them while the text is shorter): a
+window that slides, where sampling's jumped by half a block, which the page tells its reader. A row
+holds the arithmetic of manual_attention with the model's numbers: for every key in the window the
+raw score q·k, and the share of the output o = Σ α v that the key brings (α_j |v_j| over Σ α |v|),
+and per row |o|. The page divides by √d and takes the softmax itself, so what it shows as
 weights is what it shows as scores, put through the formula.
 """
 import base64

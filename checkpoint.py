@@ -13,6 +13,7 @@ import pickle
 import random
 import socket
 import zipfile
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -25,10 +26,13 @@ from model import GPT, WEIGHT_SETTINGS, GPTConfig
 RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
                  "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
                  "rng": dict}
-# settings a resumed run may change (the schedule, the optimizers' rates, decay and betas), at the
-# price of not matching an uninterrupted run
-OPTIMIZATION_SETTINGS = ("learning_rate", "muon_lr", "min_lr", "max_iters", "lr_decay_iters", "warmup_iters",
-                         "max_seconds", "weight_decay", "beta1", "beta2")
+# train.py's settings that leave what a run trains as it is: where it reads and writes, what it shows, how
+# its arithmetic is spread over threads, kernels and processes (rounding aside), and the seed (a resumed
+# run draws from the checkpoint's generators). Every other setting but the model's (WEIGHT_SETTINGS, which
+# must stay) changes the training: a resumed run may change it, and check_resumable names the change
+NEUTRAL_SETTINGS = ("out_dir", "init_from", "overwrite", "eval_only", "eval_interval", "eval_iters", "log_interval",
+                    "wandb_log", "wandb_project", "wandb_run_name", "device", "threads", "compile", "attention",
+                    "parallelism", "seed")
 
 
 def ckpt_path(out_dir):
@@ -76,7 +80,7 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     try:
         model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
         model.load_state_dict(clean_state_dict(checkpoint["model"]))
-    except (KeyError, TypeError, RuntimeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as e:  # a foreign or damaged file
         raise ValueError(f"{path} does not match this code's model (an incompatible config): "
                          f"{str(e).splitlines()[0]}") from None
     return model
@@ -86,11 +90,8 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
     trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
     the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
-    the same command line must resume."""
-    missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
-                         "checkpoints, say, hold only weights this code reads differently); start a new run")
+    the same command line must resume. Prints a note (unless quiet) naming every other setting that
+    changed since, but NEUTRAL_SETTINGS."""
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
@@ -109,8 +110,8 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
-    changed = [f"{k} {saved.get(k)} -> {getattr(cfg, k)}" for k in OPTIMIZATION_SETTINGS
-               if saved.get(k) != getattr(cfg, k)]
+    changed = [f"{f.name} {saved.get(f.name)} -> {getattr(cfg, f.name)}" for f in fields(cfg)
+               if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS and saved.get(f.name) != getattr(cfg, f.name)]
     if changed and not quiet:
         print(f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
               "will not match an uninterrupted one")
@@ -120,7 +121,11 @@ RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's
 
 
 def check_resume_fields(checkpoint, path):
-    """ValueError naming what is wrong if a field of the checkpoint is not what resume reads."""
+    """ValueError naming what is wrong if a field of the checkpoint is missing or not what resume reads."""
+    missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
+                         "checkpoints, say, hold only weights this code reads differently); start a new run")
     wrong = [f"{key} is {type(checkpoint[key]).__name__}" for key, kind in RESUME_FIELDS.items()
              if not isinstance(checkpoint[key], kind) or isinstance(checkpoint[key], bool)]
     if not wrong:

@@ -66,8 +66,13 @@ def convert(key, tp, value, from_text):
                 ok = False
     else:  # str
         ok = from_text or isinstance(value, str)
-    if ok and tp is float and not math.isfinite(float(value)):
-        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if ok and tp is float:
+        try:
+            finite = math.isfinite(float(value))
+        except OverflowError:  # a TOML integer too large for a float
+            finite = False
+        if not finite:
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if ok:
         return tp(value)
     raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")

@@ -8,6 +8,7 @@ import ctypes
 import os
 import shlex
 import signal
+import socket
 import sys
 
 import torch
@@ -24,11 +25,27 @@ AGREE_SECONDS = 1.0
 
 def fail_together(error, status=2):
     """fail() on every process of a torchrun job if any of them found an error (each says the first
-    rank's words), so that none is left waiting for the others; a single process just fails. Exit
-    status 2 for bad input, 1 for a fault."""
-    error = next((e for e in gather(None if error is None else str(error)) if e), None)
-    if error:
-        fail(error, status=status)
+    rank's words, and which rank and machine that was where not every rank found it: a file one
+    machine lacks, say), so that none is left waiting for the others; a single process just fails.
+    Exit status 2 for bad input, 1 for a fault."""
+    errors = gather(None if error is None else (str(error), socket.gethostname()))
+    found = [(rank, e) for rank, e in enumerate(errors) if e]
+    if not found:
+        return
+    rank, (message, host) = found[0]
+    fail(message if len(found) == len(errors) else f"{message} (found by rank {rank}, on {host})", status=status)
+
+
+def fail_alone(message, status=1):
+    """fail() for what this process met on its own, while the others may be waiting for it in a
+    collective: under torchrun, the line and an exit at once, without the barrier of leaving the
+    group (torchrun then ends the others); a single process just fails."""
+    if not torch.distributed.is_initialized():
+        fail(message, status=status)
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(status)  # not sys.exit: the finally blocks would reach for a group the others may have left
 
 
 def gather(obj):
@@ -120,10 +137,8 @@ def stop_if_a_peer_is_gone(error):
     if not torch.distributed.is_initialized() or not (
             isinstance(error, torch.distributed.DistError) or "closed by peer" in text or "reset by peer" in text):
         return
-    sys.stderr.write(f"error: another process of this torchrun job stopped, so this one cannot go on "
-                     f"({text.splitlines()[0][-120:]}); that process's log says why\n")
-    sys.stderr.flush()
-    os._exit(1)  # not sys.exit: the finally blocks would reach for the group the dead rank left
+    fail_alone(f"another process of this torchrun job stopped, so this one cannot go on "
+               f"({text.splitlines()[0][-120:]}); that process's log says why")
 
 
 def leave_process_group():

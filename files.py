@@ -70,6 +70,9 @@ def check_text_file(path, flag, instead="a text file in it"):
     which the message names; instead says what to give for a directory."""
     if os.path.isdir(path):
         raise ValueError(f"{flag}{path} is a directory; give {instead}")
+    if os.path.exists(path) and not os.path.isfile(path):  # there, but read once or never ends: not "no such file"
+        raise ValueError(f"{flag}{path} is not a regular file (a pipe or a device, say); save the text in a file "
+                         "and give its path")
     if not os.path.isfile(path):
         raise ValueError(f"{flag}{path}: no such file; check the path (a relative one starts in {os.getcwd()})")
 

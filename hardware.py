@@ -31,7 +31,7 @@ def pick_device(name):
         raise ValueError(f"device={name!r}: this machine has CUDA devices 0 to {torch.cuda.device_count() - 1}")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={name!r} but MPS is not available here; use --device=cpu (or auto)")
-    if kind not in ("cpu", "cuda", "mps"):
+    if kind not in ("cpu", "cuda", "mps") or index and not index.isdigit():
         raise ValueError(f"unknown device {name!r}; choose auto, cpu, cuda, cuda:N or mps")
     return name
 
@@ -67,24 +67,38 @@ def enable_tf32():
     torch.backends.cudnn.allow_tf32 = True
 
 
+# more threads than CPUs only wait for each other (pick_threads), yet a few a CPU still run (a test of
+# determinism across threads may want 2 on a 1-CPU machine); thousands exhaust the system's threads
+# and crash the process
+MOST_THREADS_PER_CPU = 4
+
+
 def check_threads(n):
     if n < 0:
         raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+    if n > MOST_THREADS_PER_CPU * usable_cpus():
+        raise ValueError(f"threads={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "
+                         f"beyond those only wait for each other; use at most {MOST_THREADS_PER_CPU * usable_cpus()}, "
+                         "or 0 for one a CPU")
+
+
+def usable_cpus():
+    """The CPUs this process may run on (its affinity: a container or taskset may allow fewer than the
+    machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def pick_threads(n, processes_here=1):
     """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
-    this process may run on (its affinity: a container or taskset may allow fewer than the machine
-    has), shared among the processes torchrun started on this machine. More threads than free
-    cores is the worst case: OpenMP threads spin waiting for each other, and a step can take many
-    times as long as with one thread."""
+    this process may run on (usable_cpus), shared among the processes torchrun started on this
+    machine. More threads than free cores is the worst case: OpenMP threads spin waiting for each
+    other, and a step can take many times as long as with one thread."""
     check_threads(n)
     if n:
         return n
     if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"])
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, usable // processes_here)
+    return max(1, usable_cpus() // processes_here)
 
 
 def set_up_cpu(threads, processes_here=1):

@@ -66,8 +66,10 @@ class TrainingLog:
         if bad is None:
             return None
         where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
+        rates = "--learning_rate and --muon_lr" if self.cfg.optimizer == "muon" else "--learning_rate"
+        precision = ", or train in --dtype=float32" if self.dtype == torch.bfloat16 else ""  # fp16 never comes here
         return (f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
-                f"--learning_rate or use --dtype=float32 or bfloat16{where}")
+                f"{rates}{precision}{where}")
 
     def print_progress(self, iter_num, lr, seconds):
         """The log line of the steps since the last one: mean loss, rate, speed and MFU."""
@@ -190,13 +192,13 @@ class MetricsLog:
 
 def start_wandb(project, name, config, warn):
     """The wandb module, logging this run (offline when there is no API key); None, with a warning,
-    if it cannot start (no network for an online run, say): training goes on without it."""
-    import wandb
+    if it cannot start (not installed, or no network for an online run): training goes on without it."""
     has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
     mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
     try:
+        import wandb
         wandb.init(project=project, name=name, config=config, mode=mode)
-    except Exception as e:  # wandb raises its own kinds of errors
+    except Exception as e:  # not installed, or wandb's own kinds of errors
         warn(e)
         return None
     if mode == "offline":

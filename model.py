@@ -9,13 +9,13 @@ import math
 import os
 import pickle
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import Backend, KVCache, MultiHeadAttention, check_backend, dropout
+from attention import Backend, KVCache, MultiHeadAttention, dropout
 from data.tokenizer import GPT2_VOCAB_SIZE
 
 
@@ -52,7 +52,12 @@ class GPTConfig:
                              f"n_head can be one of {', '.join(map(str, fits))}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        check_backend(self.attention)
+        # every choice, from its Literal: the model branches on these names, and an unknown one (a typo,
+        # a checkpoint of forked code) would quietly get another branch's model
+        for f in fields(self):
+            choices = get_args(f.type) if get_origin(f.type) is Literal else ()
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}")
 
@@ -351,14 +356,20 @@ def check_init_from(name, own):
 
 
 def download_from_hub(name):
-    """Fetch config.json and the weights of a Hugging Face model; a clear error offline."""
+    """Fetch config.json and model.safetensors of a Hugging Face model, the only weights taken from the
+    hub; a clear error offline, or for a model that has only pytorch_model.bin."""
     from huggingface_hub import snapshot_download
     try:
-        return snapshot_download(name, allow_patterns=["config.json", "model.safetensors"])
+        directory = snapshot_download(name, allow_patterns=["config.json", "model.safetensors"])
     except Exception as e:
         raise ValueError(f"could not get {name!r} from the Hugging Face hub ({type(e).__name__}); it is not a local "
                          "directory either. Download it once with network, or pass a directory holding "
                          "config.json and model.safetensors") from None
+    if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+        raise ValueError(f"{name!r} on the Hugging Face hub has no model.safetensors, the only weights downloaded "
+                         "from there; download its config.json and pytorch_model.bin yourself into a directory "
+                         "and pass that directory instead of the name: a local pytorch_model.bin loads")
+    return directory
 
 
 def load_hf_state_dict(directory):

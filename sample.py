@@ -7,7 +7,9 @@ attention (attention_map.py renders the pictures):
     python sample.py --start=FILE:prompt.txt --init_from=gpt2
     python sample.py --start="ROMEO:" --attention_map=attn.html   # explore its attention, step by step
 """
+import contextlib
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Optional
@@ -16,11 +18,12 @@ import torch
 
 from attention import Backend, check_backend
 from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
-from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from checkpoint import RESUME_FIELDS, ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from files import check_writable, read_text_file
 from hardware import DType, check_threads, pick_device, pick_dtype, set_up_cpu
+from log import OutputThatMayClose
 from model import GPT, check_init_from, check_sampling
 
 
@@ -44,7 +47,7 @@ class SampleConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # the weights' precision; auto: bf16/fp16 on GPUs, bf16 on CPUs for models beyond the cache
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
-    attention: Optional[Backend] = None  # run the model with another attention backend (none: as trained)
+    attention: Optional[Backend] = None  # the attention backend to run the model with (none: as trained; a map: manual)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
     compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once, later ~10-25 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
@@ -75,6 +78,12 @@ class SampleConfig:
             return self.max_new_tokens
         return PAGE_NEW_TOKENS if self.attention_map.lower().endswith(".html") else SAMPLE_NEW_TOKENS
 
+    def backend(self):
+        """The attention backend to run the model with: --attention, else for an attention map the
+        hand-written path, which the map's numbers come from anyway and which runs in float32 (the
+        map's precision) where a fused kernel may need half precision; else None, the model's own."""
+        return self.attention or ("manual" if self.attention_map else None)
+
 
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
@@ -99,12 +108,28 @@ def main(cfg):
     # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
     # bytes in bf16, where autocast would cast every fp32 weight again for every token
     model.eval().to(device=device, dtype=dtype)
-    if cfg.compile and not cfg.attention_map:
-        compile_and_warm_up(model, ids)
-    if cfg.attention_map:
-        draw_attention(model, tokenizer, ids, cfg)
-    else:
-        write_samples(model, tokenizer, prompt, ids, cfg)
+    with stoppable_output():
+        if cfg.attention_map:
+            draw_attention(model, tokenizer, ids, cfg)
+        else:
+            if cfg.compile:
+                compile_and_warm_up(model, ids, cfg)
+            write_samples(model, tokenizer, prompt, ids, cfg)
+
+
+@contextlib.contextmanager
+def stoppable_output():
+    """Ways to stop sampling early, as a Unix tool stops: a reader of stdout that leaves (python
+    sample.py | head) ends the run quietly with 128 + SIGPIPE, not a BrokenPipeError; Ctrl-C ends it
+    with one line and 128 + SIGINT, not a traceback."""
+    stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, lambda: sys.exit(128 + signal.SIGPIPE))
+    try:
+        yield
+    except KeyboardInterrupt:
+        print()  # end the line being written, so that the error starts its own
+        fail("stopped by Ctrl-C", status=128 + signal.SIGINT)
+    finally:
+        sys.stdout = stdout
 
 
 def read_prompt(start):
@@ -150,17 +175,19 @@ def compile_for_decoding(model):
     model.compile(dynamic=True)
 
 
-def compile_and_warm_up(model, ids):
-    """compile_for_decoding, compiled now for each shape decoding meets: a first token alone, a longer
-    prompt (or the cache's refill when the window moves), and a token after cached ones. Inductor keeps
-    what it compiled on disk, so the next run compiles in seconds (bench/sample.py --compile=true
-    measures both)."""
+def compile_and_warm_up(model, ids, cfg):
+    """compile_for_decoding, compiled now for each shape decoding meets, so that none compiles mid-stream:
+    with the batch of num_samples and use_kv_cache as sampling has them, a first token alone, a longer
+    prompt (or the cache's refill when the window moves), and a token after cached ones (or, without
+    the cache, windows of 1 to 3 tokens). Inductor keeps what it compiled on disk, so the next run
+    compiles in seconds (bench/sample.py --compile=true measures both)."""
     print("compiling the model for decoding (the first run on a machine takes longest)", file=sys.stderr, flush=True)
     compile_for_decoding(model)
     device = next(model.parameters()).device
     try:
         for prompt in ((ids * 2)[:1], (ids * 2)[:2]):
-            model.generate(torch.tensor([prompt], device=device), 2, temperature=0)
+            model.generate(torch.tensor([prompt] * cfg.num_samples, device=device), 2, temperature=0,
+                           use_kv_cache=cfg.use_kv_cache)
     except Exception as e:  # inductor's errors have many types: no C++ compiler, an unsupported op, ...
         fail(f"--compile=true: torch.compile failed here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
              "sample with --compile=false", status=1)
@@ -168,7 +195,7 @@ def compile_and_warm_up(model, ids):
 
 def load_model(cfg):
     """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights, checked to fit each other."""
-    overrides = {"attention": cfg.attention} if cfg.attention else {}
+    overrides = {"attention": cfg.backend()} if cfg.backend() else {}
     if cfg.init_from != "resume":
         model, tokenizer = GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
         check_vocabulary(model, tokenizer, f"--init_from={cfg.init_from}", "sample.py reads Hugging Face "
@@ -176,6 +203,7 @@ def load_model(cfg):
         return model, tokenizer
     path = ckpt_path(cfg.out_dir)
     checkpoint = load_checkpoint(path)
+    check_sampled_fields(checkpoint, path)
     model = model_from_checkpoint(checkpoint, path, **overrides)
     try:
         tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
@@ -187,6 +215,20 @@ def load_model(cfg):
                          "train again with a lower --learning_rate")
     check_vocabulary(model, tokenizer, path, "the checkpoint is inconsistent")
     return model, tokenizer
+
+
+def check_sampled_fields(checkpoint, path):
+    """ValueError naming what is wrong where the fields that sampling reads are not what train.py
+    writes (RESUME_FIELDS says what each is): a damaged file, or another program's."""
+    if isinstance(checkpoint, dict):
+        wrong = [f"{key} is {type(checkpoint[key]).__name__}" if key in checkpoint else f"no {key}"
+                 for key in ("model", "model_config", "tokenizer")
+                 if not isinstance(checkpoint.get(key), RESUME_FIELDS[key])]
+    else:
+        wrong = [f"a {type(checkpoint).__name__}, not a dict of fields"]
+    if wrong:
+        raise ValueError(f"{path} is damaged or not train.py's checkpoint ({', '.join(wrong)}); sample from one "
+                         "that train.py wrote")
 
 
 def check_vocabulary(model, tokenizer, source, why):

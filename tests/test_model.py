@@ -10,12 +10,13 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from attention import MultiHeadAttention
+from attention import MultiHeadAttention, check_backend
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.tokenizer import tokenizer_from_meta
 from helpers import assert_causal_weights, backends_that_run_on_a_cpu, check_ok
 from model import GPT, MLP, GPTConfig, sample_next
 from optim import configure_optimizers
+from test_attention import assert_dropout
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
 B = 2
@@ -293,6 +294,35 @@ def test_generate_uses_only_the_last_block(backend):
     assert torch.equal(a[:, 24], expected_first)
 
 
+def documented_window_start(t, first, block_size):
+    """Where generate's window begins when it predicts token t, from its docstring: the window is
+    the last block_size tokens of the prompt (starting at first), and once it would hold more than
+    block_size tokens it jumps forward by half a block. Each jump moves it block_size + 1 - half
+    tokens, so the k-th window starts at first + k * (block_size + 1 - half)."""
+    half = max(1, block_size // 2)
+    k = max(0, math.ceil((t - first - block_size) / (block_size + 1 - half)))
+    return first + k * (block_size + 1 - half)
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+@pytest.mark.parametrize("prompt_len", [3, 20])
+def test_generation_past_block_size_jumps_the_window_by_half_a_block(use_kv_cache, prompt_len):
+    """Past block_size, each greedy token is the argmax of a full forward over the documented
+    window, computed here from a formula rather than by a loop like generate's: another window
+    rule (sliding, one token, never moving) writes other tokens."""
+    model = make_gpt("manual", std=0.5)
+    prompt = rand_tokens(B, prompt_len, seed=7)
+    first = max(0, prompt_len - 16)
+    with torch.no_grad():
+        out = model.generate(prompt, 50, temperature=0, use_kv_cache=use_kv_cache)
+        for t in range(prompt_len, prompt_len + 50):
+            start = documented_window_start(t, first, 16)
+            assert 8 <= t - start <= 16 or t <= 16, (t, start)
+            expected = model(out[:, start:t])[0][:, -1].argmax(-1)
+            assert torch.equal(out[:, t], expected), f"token {t}, window {start}:{t}"
+    assert out[:, prompt_len:].unique().numel() >= 5, "degenerate generation proves nothing"
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_crop_block_size_keeps_logits_and_causality(backend):
     model = make_gpt(backend)
@@ -372,6 +402,33 @@ def test_from_pretrained_hub_name_offline_fails_clearly(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # so that "gpt2" is not a local directory
     with pytest.raises(ValueError, match=r"could not get 'gpt2' from the Hugging Face hub.*directory"):
         GPT.from_pretrained("gpt2")
+
+
+def test_a_hub_model_with_only_pytorch_model_bin_says_to_pass_a_local_directory(hf_gpt2, tmp_path, monkeypatch):
+    """From the hub, only model.safetensors is fetched. A model that has only pytorch_model.bin (here a
+    stand-in repository, copied as snapshot_download copies, by its allow_patterns) gets an error that
+    says so and what to do: that the same files in a local directory load."""
+    import fnmatch
+
+    import huggingface_hub
+    directory, idx, expected, hf = hf_gpt2
+    repo, snapshot = tmp_path / "repo", tmp_path / "snapshot"
+    repo.mkdir(), snapshot.mkdir()
+    shutil.copy(f"{directory}/config.json", repo)
+    torch.save(hf.state_dict(), repo / "pytorch_model.bin")
+
+    def snapshot_download(name, allow_patterns):
+        for f in repo.iterdir():
+            if any(fnmatch.fnmatch(f.name, pattern) for pattern in allow_patterns):
+                shutil.copy(f, snapshot)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(ValueError, match="'someone/gpt2-bin' on the Hugging Face hub has no model.safetensors, the "
+                                         "only weights downloaded.*pass that directory"):
+        GPT.from_pretrained("someone/gpt2-bin")
+    with torch.no_grad():  # as the message says: the same files, in a local directory, load
+        torch.testing.assert_close(GPT.from_pretrained(str(repo)).eval()(idx)[0], expected, atol=1e-4, rtol=0)
 
 
 def test_from_pretrained_directory_without_weights_fails_clearly(tmp_path):
@@ -658,6 +715,53 @@ def test_sample_py_samples_with_the_top_k_and_top_p_it_is_given(launch, sampling
     assert generate(**{**options, "top_p": None}) != samples, "top_p=0.8 changes nothing here: the test proves nothing"
 
 
+def test_an_attention_map_runs_a_flash_checkpoint_by_the_hand_written_path(sampling_out_dir, tmp_path):
+    """Both GPU configs train with attention="flash", which on CUDA needs half precision; a map runs in
+    float32, so sample.py runs it by the hand-written path, which the map's numbers come from anyway.
+    Sampling keeps the checkpoint's backend, and --attention still chooses."""
+    import sample
+    checkpoint = load_checkpoint(str(sampling_out_dir / "ckpt.pt"))
+    checkpoint["model_config"]["attention"] = "flash"
+    save_checkpoint(checkpoint, str(tmp_path / "ckpt.pt"))
+
+    def backend(**options):
+        model, _ = sample.load_model(sample.SampleConfig(out_dir=str(tmp_path), **options))
+        return model.config.attention
+
+    assert backend(attention_map=str(tmp_path / "attn.html")) == "manual"
+    check_backend("manual", "cuda", torch.float32)  # what sample.py then checks on a GPU: it runs
+    with pytest.raises(ValueError, match="needs float16 or bfloat16"):
+        check_backend("flash", "cuda", torch.float32)
+    assert backend() == "flash"
+    assert backend(attention_map=str(tmp_path / "attn.png"), attention="sdpa") == "sdpa"
+
+
+@pytest.mark.parametrize("num_samples, use_kv_cache", [(3, True), (3, False), (1, True)])
+def test_compile_warms_up_every_shape_that_sampling_then_meets(sampling_out_dir, monkeypatch, capsys, num_samples,
+                                                               use_kv_cache):
+    """sample.py --compile=true compiles each graph while warming up, none mid-stream: the forwards of
+    sampling (past the window's end) have no shape the warm-up's lacked. A shape as dynamic=True tells
+    graphs apart: sizes 0 and 1 specialised, larger ones one symbol; the batch, and the cache or none."""
+    import sample
+    cfg = sample.SampleConfig(out_dir=str(sampling_out_dir), device="cpu", num_samples=num_samples,
+                              use_kv_cache=use_kv_cache, max_new_tokens=40, compile=True)
+    model, tokenizer = sample.load_model(cfg)
+    shapes, forward = [], GPT.forward
+
+    def recorded(self, idx, targets=None, kv_cache=None, last_only=False):
+        shapes.append((min(idx.size(0), 2), min(idx.size(1), 2), kv_cache and min(kv_cache[0].pos, 2)))
+        return forward(self, idx, targets, kv_cache, last_only)
+
+    monkeypatch.setattr(GPT, "forward", recorded)
+    monkeypatch.setattr(sample, "compile_for_decoding", lambda model: None)
+    ids = tokenizer.encode("All")
+    sample.compile_and_warm_up(model, ids, cfg)
+    warmed_up = set(shapes)
+    shapes.clear()
+    sample.write_samples(model, tokenizer, "All", ids, cfg)
+    assert len(shapes) == 40 and set(shapes) <= warmed_up, (set(shapes) - warmed_up, warmed_up)
+
+
 # --------------------------------------------------------------------------- configuration
 
 
@@ -672,9 +776,14 @@ def test_every_backend_that_runs_on_a_cpu_is_tested_here():
     assert set(CPU_BACKENDS) == backends_that_run_on_a_cpu()
 
 
-def test_config_rejects_unknown_attention_backend():
-    with pytest.raises(ValueError, match="unknown attention backend 'flash3'.*manual"):
-        GPTConfig(attention="flash3")
+@pytest.mark.parametrize("field, typo, choices", [("attention", "flash3", "manual, sdpa, flash, fa2, fa3"),
+                                                  ("norm", "RMSNorm", "layernorm, rmsnorm"),
+                                                  ("pos_embedding", "alibi", "learned, rope"),
+                                                  ("activation", "silu", "gelu_tanh, gelu, relu2")])
+def test_config_rejects_a_choice_it_does_not_have_listing_the_choices(field, typo, choices):
+    """The model branches on these names; an unknown one would quietly build another branch's model."""
+    with pytest.raises(ValueError, match=f"unknown {field} '{typo}'; choose one of {choices}$"):
+        GPTConfig(**{field: typo})
 
 
 @pytest.mark.parametrize("field", ["vocab_size", "block_size", "n_layer", "n_head", "n_embd"])
@@ -692,6 +801,26 @@ def test_flash_with_dropout_fails_clearly_when_training_on_cpu():
     model = make_gpt("flash", std=0, dropout=0.1).train()
     with pytest.raises(ValueError, match="dropout"):
         model(rand_tokens(B, 8))
+
+
+def test_gpt_drops_the_embeddings_and_each_residual_branch_at_its_rate():
+    """GPTConfig(dropout=0.2) while training (not 0.5, where p and 1 - p agree): the embeddings, and in
+    every block the attention's and the MLP's output, each lose a fifth of their entries, the rest
+    scaled by 1 / 0.8; seen around each site in one forward (attention's weights: test_attention.py)."""
+    p = 0.2
+    model = make_gpt("manual", dropout=p).train()
+    idx = rand_tokens(8, 16)
+    outputs = {}  # module -> its output, and the embeddings as the first block gets them
+    model.transformer.h[0].register_forward_pre_hook(lambda block, args: outputs.update(embedded=args[0]))
+    branches = [branch for block in model.transformer.h for branch in (block.attn, block.mlp)]
+    for module in branches + [branch.c_proj for branch in branches]:
+        module.register_forward_hook(lambda module, args, output: outputs.update({module: output}))
+    with torch.no_grad():
+        model(idx)
+        embedded = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16))
+    assert_dropout(embedded, outputs["embedded"], p, "embeddings")
+    for branch in branches:  # the branch's output is its c_proj's, dropped
+        assert_dropout(outputs[branch.c_proj], outputs[branch], p, type(branch).__name__)
 
 
 # --------------------------------------------------------------------------- options beyond GPT-2

@@ -633,6 +633,48 @@ def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, dat
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
 
 
+def sample_py_streaming(out_dir, *python):
+    """`python sample.py` from out_dir/ckpt.pt writing a million tokens, run by python (the arguments
+    before the script), once it has streamed its first ten bytes: (the process, those bytes)."""
+    proc = subprocess.Popen([sys.executable, *python, "sample.py", f"--out_dir={out_dir}", "--device=cpu",
+                             "--num_samples=1", "--max_new_tokens=1000000"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        return proc, proc.stdout.read(10)
+    except BaseException:
+        kill_quietly(proc)
+        raise
+
+
+def test_a_reader_of_sample_py_that_leaves_stops_it_quietly(trained):
+    """python sample.py | head -c 10: once the reader has gone, sampling stops at once and exits
+    128 + SIGPIPE, as a Unix tool does; no BrokenPipeError, nothing on stderr."""
+    proc, first = sample_py_streaming(trained)
+    try:
+        proc.stdout.close()  # as head does
+        proc.wait(timeout=60)  # the million tokens would take far longer
+        stderr = proc.stderr.read().decode()
+    finally:
+        kill_quietly(proc)
+    assert len(first) == 10
+    assert proc.returncode == 128 + signal.SIGPIPE and stderr == "", stderr
+
+
+def test_ctrl_c_while_sample_py_streams_is_one_line(trained):
+    """Ctrl-C while sample.py writes: the line being written ends, then one line on stderr, exit 128 + SIGINT."""
+    # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT
+    proc, _ = sample_py_streaming(trained, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                                  "signal.default_int_handler); sys.argv = sys.argv[1:]; "
+                                  "runpy.run_path(sys.argv[0], run_name='__main__')")
+    try:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_quietly(proc)
+    assert proc.returncode == 128 + signal.SIGINT and stdout.endswith(b"\n"), (proc.returncode, stderr)
+    assert stderr.decode().splitlines() == ["error: stopped by Ctrl-C"]
+
+
 # A preparation that works in short slices, as a real one runs Python: the kernel may hand a Ctrl-C to
 # any of the process's threads (torch's included), and then one long sleep in the main thread never
 # sees it; a Python loop does, at its next instruction.
@@ -975,6 +1017,24 @@ CASES = [
     Case("sample-temperature-negative", lambda c: sample_args(c, "--temperature=-1"), lambda c: ["temperature"]),
     Case("sample-max_new_tokens-negative", lambda c: sample_args(c, "--max_new_tokens=-1"),
          lambda c: ["max_new_tokens"]),
+    Case("sample-checkpoint-a-bare-tensor", lambda c: (c.dir / "out").mkdir() or torch.save(
+        torch.zeros(3), c.dir / "out" / "ckpt.pt") or sample_args(c, out=c.dir / "out"),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "a Tensor, not a dict of fields", "train.py wrote"]),
+    Case("sample-checkpoint-model-a-list", lambda c: sample_args(c, out=c.ckpt_with(lambda ck: _set(ck, "model", []))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "model is list"]),
+    Case("sample-checkpoint-tokenizer-a-list", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: _set(ck, "tokenizer", []))), lambda c: ["tokenizer is list"]),
+    Case("sample-checkpoint-without-model_config", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: ck.pop("model_config"))), lambda c: ["no model_config"]),
+    # written by forked code with an activation this code lacks: refused, not run as another activation
+    Case("sample-checkpoint-with-an-unknown-activation", lambda c: sample_args(c, out=c.ckpt_with(
+        lambda ck: _set(ck["model_config"], "activation", "silu"))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "unknown activation 'silu'; choose one of gelu_tanh"]),
+    Case("sample-device-index-not-a-number", lambda c: ["sample.py", f"--out_dir={c.trained}", "--device=cpu:abc"],
+         lambda c: ["unknown device 'cpu:abc'", "cuda:N"]),
+    Case("sample-prompt-file-a-pipe", lambda c: os.mkfifo(c.dir / "prompt") or sample_args(
+        c, f"--start=FILE:{c.dir / 'prompt'}"), lambda c: [f"--start=FILE:{c.dir / 'prompt'} is not a regular file",
+                                                           "save the text in a file"]),
 ]
 
 
@@ -1018,6 +1078,17 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
 
 
+def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    from log import MetricsLog
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` meets where it is not installed
+    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log.write({"iter": 1, "loss": 2.0})
+    log.close()
+    out = capsys.readouterr().out
+    assert out.count("warning: could not record the metrics") == 1 and "import of wandb halted" in out, out
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
+
+
 # ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------
 
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
@@ -1028,6 +1099,9 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
     assert pick_threads(0, processes_here=2) == 1  # torchrun's processes on one machine share them
     assert pick_threads(0, processes_here=8) == 1
     assert pick_threads(5) == 5  # a setting wins
+    assert pick_threads(12) == 12  # more than the CPUs, within reason: 4 a CPU
+    with pytest.raises(ValueError, match=r"threads=13 is far more than the 3 CPUs this process may use.*at most 12"):
+        pick_threads(13)  # thousands crash the process
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert pick_threads(0) == 2
     with pytest.raises(ValueError, match="threads must be >= 0"):

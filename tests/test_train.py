@@ -187,6 +187,75 @@ def test_resuming_in_fp16_what_trained_without_loss_scaling_names_the_dtype_to_u
         train.resume_state(state, checkpoint, "ckpt.pt", setup)
 
 
+def test_resume_restores_the_clock_the_best_val_loss_and_the_grad_scaler(tmp_path, data_dir):
+    """What the other resume tests cannot see (they run in fp32, with the schedule in iterations, and
+    their last val loss is their best): the seconds trained, which the clock schedule and max_seconds
+    go by, the best val loss so far, and fp16's loss scale."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=1))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    checkpoint.update(trained_seconds=5.0, best_val_loss=0.5, scaler=scaler.state_dict())
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float16)
+    state = train.new_train_state(tiny_config(data_dir, tmp_path), setup, model_from_checkpoint(checkpoint, "ckpt.pt"),
+                                  np.zeros(64, np.uint16))
+    train.resume_state(state, checkpoint, "ckpt.pt", setup)
+    assert state.clock.seconds() == 5.0 and state.best_val_loss == 0.5
+    assert state.scaler.state_dict() == scaler.state_dict()
+
+
+def test_resuming_a_run_that_used_up_its_max_seconds_takes_no_step(tmp_path, data_dir):
+    """As a run that reached max_iters: resumed with the same settings, it evaluates and saves, and trains
+    no further (its weights, still in warm-up, would change with a step)."""
+    import dataclasses
+    import train
+    cfg = tiny_config(data_dir, tmp_path, compile=False, max_seconds=0.5, max_iters=10**9, eval_interval=10**9)
+    train.main(cfg)
+    done = load(tmp_path / "ckpt.pt")
+    assert done["trained_seconds"] >= 0.5
+    train.main(dataclasses.replace(cfg, init_from="resume"))
+    resumed = load(tmp_path / "ckpt.pt")
+    assert resumed["iter_num"] == done["iter_num"]
+    assert all(torch.equal(resumed["model"][name], done["model"][name]) for name in done["model"])
+
+
+def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, data_dir, capsys):
+    """Every setting but the model's (which must stay) and checkpoint.NEUTRAL_SETTINGS (where the run
+    writes, what it shows, how its arithmetic is spread) changes what a run trains: a resumed run names
+    each one that changed. Settings whose 0 or auto means something (gradient_accumulation_steps, dtype)
+    are compared as the run resolved them."""
+    import train
+    from checkpoint import NEUTRAL_SETTINGS
+    cfg = dict(compile=False, max_iters=2, eval_interval=2)
+    train.main(tiny_config(data_dir, tmp_path, **cfg))
+    capsys.readouterr()
+    train.main(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1))
+    assert "note:" not in capsys.readouterr().out, "gradient_accumulation_steps=0 meant 1 in the first run"
+    neutral = dict(seed=7, log_interval=1, eval_iters=2, threads=1, eval_interval=3)
+    assert set(neutral) <= set(NEUTRAL_SETTINGS)
+    train.main(tiny_config(data_dir, tmp_path, **{**cfg, **neutral}, init_from="resume", grad_clip=0.5, batch_size=3,
+                           gradient_accumulation_steps=2, dropout=0.1, dtype="bfloat16"))
+    note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note:"))
+    for change in ("grad_clip 1.0 -> 0.5", "batch_size 2 -> 3", "gradient_accumulation_steps 1 -> 2",
+                   "dropout 0.0 -> 0.1", "dtype float32 -> bfloat16"):
+        assert change in note, note
+    assert not any(f"{name} " in note for name in neutral), note
+
+
+def test_the_default_width_resumes_at_the_checkpoints_on_another_cpu(tmp_path, data_dir, monkeypatch):
+    """n_embd=0 trains 128 wide on a CPU with bf16 instructions; the same command line resumes that run on a
+    CPU without them (where n_embd=0 means 96), at the checkpoint's width."""
+    import train
+    wide, narrow = train.MACHINE_WIDTHS
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
+    train.main(tiny_config(data_dir, tmp_path, compile=False, n_embd=0, max_iters=2))
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: False)
+    resumed = train.main(tiny_config(data_dir, tmp_path, compile=False, n_embd=0, max_iters=3, init_from="resume"))
+    assert resumed.config.n_embd == wide and load(tmp_path / "ckpt.pt")["iter_num"] == 3
+    assert train.main(tiny_config(data_dir, tmp_path / "new", compile=False, n_embd=0)).config.n_embd == narrow
+
+
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
     model's shape comes from the weights, not from the flags, and the run resumes from its checkpoint
@@ -420,8 +489,18 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         assert resumed.config.n_embd == width and load(out / "ckpt.pt")["iter_num"] == 5
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=32), "cpu").n_embd == 32
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
-    with pytest.raises(ValueError, match=f"n_embd={wide} must be divisible by n_head=3"):
+    with pytest.raises(ValueError, match=f"at {wide}, n_embd={wide} must be divisible by n_head=3") as refused:
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
+    # the n_head it lists are those that n_embd=0 takes (with rope: an even head size at both widths)
+    listed = [int(n) for n in re.search(r"n_head can be one of ([\d, ]+) \(or set --n_embd\)", str(refused.value))
+              .group(1).split(", ")]
+    taken = []
+    for n_head in range(1, wide + 1):
+        try:
+            taken.append(tiny_config(data_dir, tmp_path, n_embd=0, n_head=n_head).n_head)
+        except ValueError:
+            pass
+    assert listed == taken and 32 not in listed  # 128 / 32 = 4, but 96 / 32 = 3: odd, no rope
     with pytest.raises(ValueError, match="n_embd must not be negative"):  # not "positive": 0 is a choice
         tiny_config(data_dir, tmp_path, n_embd=-1)
     assert f"0: {wide}, or {narrow} on a CPU without bf16" in help_text(train.TrainConfig)
@@ -461,19 +540,108 @@ def test_a_model_that_cannot_compile_trains_uncompiled_with_a_note(tmp_path, dat
     assert all(p.grad is None for p in model.parameters()), "the compile attempt left gradients behind"
 
 
-def test_ctrl_c_while_compiling_is_one_line_and_nothing_is_written(tmp_path, data_dir, monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["compiling", "loading the data"])
+def test_ctrl_c_before_training_is_one_line_and_nothing_is_written(tmp_path, data_dir, monkeypatch, capsys, where):
+    """Before train() takes Ctrl-C as a stop request (set-up: a GPT-2 download, a checkpoint or the data
+    loading; then compiling), it stops the run in one line."""
     import train
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(torch, "compile", lambda model: interrupted)
+    if where == "compiling":
+        monkeypatch.setattr(torch, "compile", lambda model: interrupted)
+    else:
+        monkeypatch.setattr(train, "load_data", interrupted)
     with pytest.raises(SystemExit) as exit:
         train.main(tiny_config(data_dir, tmp_path / "out"))
     assert exit.value.code == 130
-    assert capsys.readouterr().err == ("error: interrupted before training started (while compiling, or timing this "
-                                       "CPU); nothing was trained\n")
+    assert capsys.readouterr().err == "error: interrupted before training started; nothing was trained\n"
     assert not (tmp_path / "out" / "ckpt.pt").exists()
+
+
+def run_out_of_memory(cfg, capsys):
+    """train.main(cfg)'s exit status and its stderr, for a run that is to run out of memory."""
+    import train
+    with pytest.raises(SystemExit) as exit:
+        train.main(cfg)
+    return exit.value.code, capsys.readouterr()
+
+
+CUDA_OOM = "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.15 GiB"
+
+
+def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tmp_path, data_dir, monkeypatch, capsys):
+    """An out-of-memory error in training (here the 4th step's forward) stops the run in one line that
+    names the micro-batch, what to lower, and the checkpoint that is kept."""
+    forward, steps = GPT.forward, []
+
+    def forward_that_runs_out(self, *args, **kwargs):
+        if self.training:
+            steps.append(1)
+            if len(steps) == 4:
+                raise torch.OutOfMemoryError(CUDA_OOM)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward_that_runs_out)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2),
+                                    capsys)
+    assert status == 1
+    assert out.err == ("error: CUDA out of memory with micro-batches of batch_size=2 x block_size=8 tokens; halve "
+                       "--batch_size and double --gradient_accumulation_steps (now 1) to keep the batch, or lower "
+                       f"--block_size; the last checkpoint, {tmp_path / 'ckpt.pt'}, is kept\n")
+    assert load(tmp_path / "ckpt.pt")["iter_num"] == 2
+
+
+def test_running_out_of_memory_while_compiling_is_not_a_compile_failure(tmp_path, data_dir, monkeypatch, capsys):
+    """Compiling runs a forward and backward of the real batch: out of memory there, training uncompiled
+    would need more, so the run stops in the same line rather than fall back to eager."""
+    def compiled(*args, **kwargs):
+        raise torch.OutOfMemoryError(CUDA_OOM)
+
+    monkeypatch.setattr(torch, "compile", lambda model: compiled)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path), capsys)
+    assert status == 1 and "torch.compile failed" not in out.out
+    assert out.err.startswith("error: CUDA out of memory with micro-batches of batch_size=2 x block_size=8 tokens; ")
+    assert out.err.endswith("; nothing was saved\n") and not (tmp_path / "ckpt.pt").exists()
+
+
+def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
+    """Run where `data` is a file: the default corpus cannot be prepared in data/shakespeare_char."""
+    import train
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").write_text("a file where the corpus's directory would go")
+    with pytest.raises(SystemExit) as exit:
+        train.main(train.TrainConfig(device="cpu", compile=False))
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Not a directory" in err, err
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_torchrun_with_more_processes_than_gpus_is_one_line_on_every_rank(monkeypatch, local_rank):
+    """As on a machine with one GPU, torchrun --nproc_per_node=2: every rank says so, before any of them
+    reaches for a GPU that is not there."""
+    import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name, value in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
+        monkeypatch.setenv(name, str(value))
+    with pytest.raises(ValueError, match=r"torchrun started 2 processes on this machine, which has 1 GPU\(s\): "
+                                         r"one each; use --nproc_per_node=1$"):
+        train.set_up(train.TrainConfig(device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_non_finite_loss_names_both_rates_and_a_dtype_only_where_it_helps(tmp_path, data_dir, capsys, dtype):
+    import train
+    with pytest.raises(SystemExit) as exit:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, dtype=dtype, learning_rate=1e9, warmup_iters=0,
+                               log_interval=1, max_iters=50, eval_interval=1000))
+    err = capsys.readouterr().err
+    assert exit.value.code == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+; lower "
+                                             r"--learning_rate and --muon_lr(.*)\n$", err), err
+    assert ("--dtype=float32" in err) == (dtype == "bfloat16"), err
 
 
 @pytest.mark.compiles
@@ -638,7 +806,8 @@ def test_flag_without_equals(TrainConfig):
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
     ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"), ("--threads=-1", "threads"),
-    ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"),
+    ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"), ("--lr_decay_iters=100", "lr_decay_iters"),
+    ("--threads=100000", "threads"),
 ])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
@@ -648,12 +817,22 @@ def test_range_checks_are_config_errors(TrainConfig, flag, key):
 def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
     with pytest.raises(ConfigError, match="learning_rate must be a finite number"):
         load_config(TrainConfig, [toml(tmp_path, "learning_rate = nan\n")])
+    with pytest.raises(ConfigError, match="max_seconds must be a finite number"):  # an integer past float's range
+        load_config(TrainConfig, [toml(tmp_path, f"max_seconds = 1{'0' * 400}\n")])
+
+
+def test_the_decay_must_end_after_the_warm_up(TrainConfig):
+    with pytest.raises(ConfigError, match=r"lr_decay_iters=5 would end the decay before warm-up ends "
+                                          r"\(warmup_iters=10\); set --lr_decay_iters above 10, or to 0"):
+        load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=5"])
+    assert load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=11"]).lr_decay_iters == 11
+    assert load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=0"]).lr_decay_iters == 0
 
 
 @pytest.mark.parametrize("flag, key", [("--temperature=nan", "temperature"), ("--temperature=-1", "temperature"),
                                        ("--top_k=0", "top_k"), ("--top_p=0", "top_p"), ("--top_p=1.5", "top_p"),
                                        ("--seed=18446744073709551616", "seed"), ("--seed=-1", "seed"),
-                                       ("--threads=-1", "threads")])
+                                       ("--threads=-1", "threads"), ("--threads=100000", "threads")])
 def test_sample_range_checks_are_config_errors(SampleConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
         load_config(SampleConfig, [flag])
