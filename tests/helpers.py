@@ -1,5 +1,6 @@
 """What several test files share: where the repository is, the environment scripts run in, a tiny
 corpus, and the checks on a finished script run and on attention weights."""
+import math
 import os
 import subprocess
 import sys
@@ -59,3 +60,14 @@ def backends_that_run_on_a_cpu():
         return False
 
     return {b for b in BACKENDS if runs(b)}
+
+
+def assert_dropout(before, after, p, site="the tensor"):
+    """after is before through dropout at rate p: a fraction p of its entries zeroed (to within four
+    standard deviations of that many coin flips), every other one scaled by exactly 1 / (1 - p)."""
+    assert before.ne(0).all(), "an entry that is zero before dropout would count as dropped"
+    dropped = after == 0
+    fraction, spread = dropped.float().mean().item(), 4 * math.sqrt(p * (1 - p) / dropped.numel())
+    assert abs(fraction - p) <= spread, f"{site}: {fraction:.3f} of the entries dropped at rate {p} ({p} ± {spread:.3f})"
+    torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p), atol=0, rtol=1e-6,
+                               msg=lambda m: f"{site}, the entries kept: {m}")

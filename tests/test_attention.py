@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from attention import (KVCache, MultiHeadAttention, apply_rotary, causal_mask, check_backend,
                        manual_attention)
-from helpers import assert_causal_weights, backends_that_run_on_a_cpu
+from helpers import assert_causal_weights, assert_dropout, backends_that_run_on_a_cpu
 from model import GPT, GPTConfig
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
@@ -511,17 +511,6 @@ def test_dropout_is_applied_in_training_only(backend):
         torch.testing.assert_close(m(x), m(x), atol=0, rtol=0)
         m.train()
         assert not torch.allclose(m(x), m(x)), "dropout=0.5 in training should make outputs random"
-
-
-def assert_dropout(before, after, p, site="the tensor"):
-    """after is before through dropout at rate p: a fraction p of its entries zeroed (to within four
-    standard deviations of that many coin flips), every other one scaled by exactly 1 / (1 - p)."""
-    assert before.ne(0).all(), "an entry that is zero before dropout would count as dropped"
-    dropped = after == 0
-    fraction, spread = dropped.float().mean().item(), 4 * math.sqrt(p * (1 - p) / dropped.numel())
-    assert abs(fraction - p) <= spread, f"{site}: {fraction:.3f} of the entries dropped at rate {p} ({p} ± {spread:.3f})"
-    torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p), atol=0, rtol=1e-6,
-                               msg=lambda m: f"{site}, the entries kept: {m}")
 
 
 def test_dropout_drops_attention_weights_and_the_output_at_its_rate():

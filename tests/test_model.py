@@ -13,10 +13,9 @@ import torch
 from attention import MultiHeadAttention, check_backend
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.tokenizer import tokenizer_from_meta
-from helpers import assert_causal_weights, backends_that_run_on_a_cpu, check_ok
+from helpers import assert_causal_weights, assert_dropout, backends_that_run_on_a_cpu, check_ok
 from model import GPT, MLP, GPTConfig, sample_next
 from optim import configure_optimizers
-from test_attention import assert_dropout
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
 B = 2
