@@ -26,6 +26,9 @@ from model import GPT, WEIGHT_SETTINGS, GPTConfig
 RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
                  "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
                  "rng": dict}
+# settings whose "auto" or 0 train.py records as the run resolved it (train.as_run); a checkpoint written
+# before it did holds the auto or 0 itself, which does not say what that run used: not compared
+RESOLVED_SETTINGS = ("dtype", "gradient_accumulation_steps")
 # train.py's settings that leave what a run trains as it is: where it reads and writes, what it shows, how
 # its arithmetic is spread over threads, kernels and processes (rounding aside), and the seed (a resumed
 # run draws from the checkpoint's generators). Every other setting but the model's (WEIGHT_SETTINGS, which
@@ -110,8 +113,10 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
-    changed = [f"{f.name} {saved.get(f.name)} -> {getattr(cfg, f.name)}" for f in fields(cfg)
-               if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS and saved.get(f.name) != getattr(cfg, f.name)]
+    was = {f.name: saved.get(f.name, getattr(defaults, f.name)) for f in fields(cfg)  # newer settings: their default
+           if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS
+           and not (f.name in RESOLVED_SETTINGS and saved.get(f.name) == getattr(defaults, f.name))}
+    changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
     if changed and not quiet:
         print(f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
               "will not match an uninterrupted one")
@@ -120,14 +125,22 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
 RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's
 
 
+def field_problems(checkpoint, keys):
+    """What is wrong with the checkpoint's fields named in keys, against the kinds in RESUME_FIELDS
+    ("no model", "tokenizer is list", ...); [] where nothing is."""
+    if not isinstance(checkpoint, dict):
+        return [f"a {type(checkpoint).__name__}, not a dict of fields"]
+    return [f"{key} is {type(checkpoint[key]).__name__}" if key in checkpoint else f"no {key}" for key in keys
+            if not isinstance(checkpoint.get(key), RESUME_FIELDS[key]) or isinstance(checkpoint.get(key), bool)]
+
+
 def check_resume_fields(checkpoint, path):
     """ValueError naming what is wrong if a field of the checkpoint is missing or not what resume reads."""
     missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
                          "checkpoints, say, hold only weights this code reads differently); start a new run")
-    wrong = [f"{key} is {type(checkpoint[key]).__name__}" for key, kind in RESUME_FIELDS.items()
-             if not isinstance(checkpoint[key], kind) or isinstance(checkpoint[key], bool)]
+    wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
         wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"]]
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")

@@ -36,6 +36,11 @@ def pick_device(name):
     return name
 
 
+def dtype_name(dtype):
+    """A torch dtype as the dtype setting names it: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
 def pick_dtype(name, device_type, training=True, n_params=0):
     """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16). On
     CPUs with bf16 instructions: bf16 for training; for sampling (training=False) a model of n_params

@@ -18,7 +18,7 @@ import torch
 
 from attention import Backend, check_backend
 from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
-from checkpoint import RESUME_FIELDS, ckpt_path, load_checkpoint, model_from_checkpoint
+from checkpoint import ckpt_path, field_problems, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
 from files import check_writable, read_text_file
@@ -219,13 +219,8 @@ def load_model(cfg):
 
 def check_sampled_fields(checkpoint, path):
     """ValueError naming what is wrong where the fields that sampling reads are not what train.py
-    writes (RESUME_FIELDS says what each is): a damaged file, or another program's."""
-    if isinstance(checkpoint, dict):
-        wrong = [f"{key} is {type(checkpoint[key]).__name__}" if key in checkpoint else f"no {key}"
-                 for key in ("model", "model_config", "tokenizer")
-                 if not isinstance(checkpoint.get(key), RESUME_FIELDS[key])]
-    else:
-        wrong = [f"a {type(checkpoint).__name__}, not a dict of fields"]
+    writes: a damaged file, or another program's."""
+    wrong = field_problems(checkpoint, ("model", "model_config", "tokenizer"))
     if wrong:
         raise ValueError(f"{path} is damaged or not train.py's checkpoint ({', '.join(wrong)}); sample from one "
                          "that train.py wrote")

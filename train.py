@@ -36,7 +36,7 @@ from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
-from hardware import (DType, autocast, check_threads, cpu_has_bf16, enable_tf32, pick_device, pick_dtype,
+from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, pick_device, pick_dtype,
                       set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions, check_init_from
@@ -111,7 +111,7 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if self.lr_decay_iters and self.lr_decay_iters <= self.warmup_iters:
+        if self.max_seconds == 0 and self.lr_decay_iters and self.lr_decay_iters <= self.warmup_iters:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} would end the decay before warm-up ends "
                              f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
                              "or to 0 to decay until max_iters")
@@ -148,7 +148,7 @@ def check_model_settings(cfg):
             model_config(cfg, cfg.vocab_size or 1, n_embd=n_embd)
         except ValueError as e:
             heads = [n_head for n_head in range(1, min(MACHINE_WIDTHS) + 1) if fits_every_width(cfg, n_head)]
-            if cfg.n_embd or not heads:  # not n_head's doing: the model's own words
+            if cfg.n_embd or not heads or cfg.n_head < 1:  # not the widths' doing: the model's own words
                 raise
             wide, narrow = MACHINE_WIDTHS
             raise ValueError(f"n_head={cfg.n_head} does not fit every width n_embd=0 may mean ({wide}, or {narrow} on "
@@ -319,7 +319,7 @@ def as_run(cfg, setup, checkpoint):
     saved_width = checkpoint["config"].get("n_embd") if checkpoint is not None else None
     if not cfg.n_embd and isinstance(saved_width, int) and saved_width > 0:  # else the machine's
         cfg = replace(cfg, n_embd=saved_width)
-    return replace(with_machine_width(cfg, setup.device_type), dtype=str(setup.dtype).removeprefix("torch."),
+    return replace(with_machine_width(cfg, setup.device_type), dtype=dtype_name(setup.dtype),
                    gradient_accumulation_steps=setup.accumulation_steps)
 
 

@@ -62,7 +62,7 @@ from bench.benchutil import (ROOT, default_out, fail, fmt, holds_or_not, machine
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
-from hardware import DType
+from hardware import DType, dtype_name
 from model import GPT
 from sample import compile_for_decoding
 from train import TrainConfig, model_config
@@ -346,7 +346,7 @@ def main(cfg):
     name = "sample" if cfg.reference == "nanogpt" else "sample-transformers"
     out = cfg.out or default_out(name, device)
     write_json(out, {"benchmark": "sample", "machine": info, "config": asdict(cfg), "model": asdict(c),
-                     "source": source, "dtype": str(dtype).removeprefix("torch."), "results": results,
+                     "source": source, "dtype": dtype_name(dtype), "results": results,
                      "ratios": ratios, "requirements": requirements, "profile": profiles,
                      "greedy_identical": same, "greedy_compared_with": same_as, "greedy_first_difference": first_diff})
     if not same:

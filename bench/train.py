@@ -51,7 +51,7 @@ from configurator import ConfigError, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE
 from data.tokenizer import GPT2_VOCAB_SIZE
-from hardware import DType, enable_tf32, peak_flops, pick_dtype
+from hardware import DType, dtype_name, enable_tf32, peak_flops, pick_dtype
 from model import GPT, Activation
 from train import TrainConfig, model_config, with_machine_width
 
@@ -148,7 +148,7 @@ def variant_list(cfg, tcfg, device_type):
         specs = [{"execution": name, **spec, "optimizer": optimizer, "activation": activation}
                  for name, spec in EXECUTIONS.items()]
         for spec in specs:
-            spec["dtype"] = dtype_name(spec["dtype"], device_type)
+            spec["dtype"] = resolved_dtype_name(spec["dtype"], device_type)
         return ["execution"], specs
     if cfg.variants == "auto":
         axes = ["dtype", "attention"] if device_type != "cuda" else ["compile", "dtype", "attention"]
@@ -157,12 +157,13 @@ def variant_list(cfg, tcfg, device_type):
     else:
         axes = split_list(cfg.variants, "variants", allowed=AXES)
     base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
-            "dtype": dtype_name(cfg.dtype or tcfg.dtype, device_type),
+            "dtype": resolved_dtype_name(cfg.dtype or tcfg.dtype, device_type),
             "attention": cfg.attention or tcfg.attention,
             "optimizer": cfg.optimizer or tcfg.optimizer,
             "activation": cfg.activation or tcfg.activation}
     values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
-              "dtype": [dtype_name(d, device_type) for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))]
+              "dtype": [resolved_dtype_name(d, device_type)
+                        for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))]
               if "dtype" in axes else [base["dtype"]],
               "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
               if "attention" in axes else [base["attention"]],
@@ -173,9 +174,9 @@ def variant_list(cfg, tcfg, device_type):
     return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
 
 
-def dtype_name(dtype, device_type):
+def resolved_dtype_name(dtype, device_type):
     """A variant's dtype as its name says it: "auto" becomes what train.py picks on this device."""
-    return str(pick_dtype("auto", device_type)).removeprefix("torch.") if dtype == "auto" else dtype
+    return dtype_name(pick_dtype("auto", device_type)) if dtype == "auto" else dtype
 
 
 def variant_name(v, axes):

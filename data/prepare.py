@@ -70,9 +70,9 @@ def _tmp_path(path):
 
 @contextlib.contextmanager
 def _writable_out_dir(out_dir):
-    """Make out_dir and check that a file can be written in it, before any text is read or downloaded
+    """Make out_dir (a normalised path) and check that a file can be written in it, before any text is read or downloaded
     (a large dataset takes hours). A run that fails after that removes the directories it made."""
-    made, path = [], os.path.normpath(out_dir)
+    made, path = [], out_dir
     while path and not os.path.lexists(path):  # the directories this run makes, deepest first
         made.append(path)
         path = os.path.dirname(path)
@@ -451,7 +451,7 @@ def prepare(cfg):
     tokenizer = cfg.tokenizer
     if tokenizer == "auto":
         tokenizer = "gpt2" if cfg.input or cfg.dataset else "char"
-    out_dir = cfg.out_dir or SHAKESPEARE_DIRS[tokenizer, cfg.plays]
+    out_dir = os.path.normpath(cfg.out_dir or SHAKESPEARE_DIRS[tokenizer, cfg.plays])  # new/../x: no new/ made
     with _writable_out_dir(out_dir):
         return _prepare_source(cfg, tokenizer, out_dir)
 

@@ -501,7 +501,7 @@ def test_cli_failed_run_removes_the_directories_it_made(tmp_path, run_main):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("not ours")
-    for out_dir in ("new/sub", "kept/sub", "kept"):
+    for out_dir in ("new/sub", "kept/sub", "kept", "made/../other"):  # made/ would be made, were it not normalised
         status, _, err = run_main("--input=empty.txt", f"--out_dir={out_dir}", cwd=tmp_path)
         assert_one_error_line(status, err, "the text is empty")
     assert sorted(os.listdir(tmp_path)) == ["empty.txt", "kept"] and os.listdir(tmp_path / "kept") == ["notes.txt"]

@@ -243,6 +243,23 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     assert not any(f"{name} " in note for name in neutral), note
 
 
+def test_a_checkpoint_of_older_code_resumes_without_naming_changes_that_did_not_happen(tmp_path, data_dir, capsys):
+    """Before runs recorded what dtype="auto" and gradient_accumulation_steps=0 resolved to, checkpoints
+    held the auto and the 0; and a setting newer than a checkpoint is missing from it (here grad_clip,
+    read as its default). The same command line resumes such a checkpoint with no note."""
+    import train
+    from checkpoint import save_checkpoint
+    cfg = dict(compile=False, max_iters=2, eval_interval=2)
+    train.main(tiny_config(data_dir, tmp_path, **cfg))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    checkpoint["config"].update(dtype="auto", gradient_accumulation_steps=0)
+    del checkpoint["config"]["grad_clip"]
+    save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    train.main(tiny_config(data_dir, tmp_path, **cfg, init_from="resume"))
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_the_default_width_resumes_at_the_checkpoints_on_another_cpu(tmp_path, data_dir, monkeypatch):
     """n_embd=0 trains 128 wide on a CPU with bf16 instructions; the same command line resumes that run on a
     CPU without them (where n_embd=0 means 96), at the checkpoint's width."""
@@ -489,6 +506,8 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         assert resumed.config.n_embd == width and load(out / "ckpt.pt")["iter_num"] == 5
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=32), "cpu").n_embd == 32
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
+    with pytest.raises(ValueError, match=r"^n_head must be a positive integer, got 0$"):  # no width's doing
+        tiny_config(data_dir, tmp_path, n_embd=0, n_head=0)
     with pytest.raises(ValueError, match=f"at {wide}, n_embd={wide} must be divisible by n_head=3") as refused:
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
     # the n_head it lists are those that n_embd=0 takes (with rope: an even head size at both widths)
@@ -806,12 +825,12 @@ def test_flag_without_equals(TrainConfig):
     ("--min_lr=inf", "min_lr"), ("--beta1=2", "beta1"), ("--beta2=1", "beta2"), ("--weight_decay=-1", "weight_decay"),
     ("--grad_clip=-1", "grad_clip"), ("--seed=-1", "seed"), ("--seed=4294967296", "seed"),
     ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"), ("--threads=-1", "threads"),
-    ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"), ("--lr_decay_iters=100", "lr_decay_iters"),
-    ("--threads=100000", "threads"),
+    ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"),
+    ("--lr_decay_iters=100 --max_seconds=0", "lr_decay_iters"), ("--threads=100000", "threads"),
 ])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
-        load_config(TrainConfig, ["--n_head=4", flag])
+        load_config(TrainConfig, ["--n_head=4", *flag.split()])
 
 
 def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
@@ -822,11 +841,15 @@ def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
 
 
 def test_the_decay_must_end_after_the_warm_up(TrainConfig):
+    """In iterations (max_seconds=0); under max_seconds the schedule follows the clock and lr_decay_iters
+    is not used, so it is not refused there."""
+    by_iterations = ["--max_seconds=0", "--warmup_iters=10"]
     with pytest.raises(ConfigError, match=r"lr_decay_iters=5 would end the decay before warm-up ends "
                                           r"\(warmup_iters=10\); set --lr_decay_iters above 10, or to 0"):
-        load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=5"])
-    assert load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=11"]).lr_decay_iters == 11
-    assert load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=0"]).lr_decay_iters == 0
+        load_config(TrainConfig, [*by_iterations, "--lr_decay_iters=5"])
+    assert load_config(TrainConfig, [*by_iterations, "--lr_decay_iters=11"]).lr_decay_iters == 11
+    assert load_config(TrainConfig, [*by_iterations, "--lr_decay_iters=0"]).lr_decay_iters == 0
+    assert load_config(TrainConfig, ["--warmup_iters=10", "--lr_decay_iters=5"]).lr_decay_iters == 5
 
 
 @pytest.mark.parametrize("flag, key", [("--temperature=nan", "temperature"), ("--temperature=-1", "temperature"),
