@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, load_config
 from files import atomic_write
-from hardware import cpu_class, pick_device, pick_dtype, set_up_cpu
+from hardware import cpu_class, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -101,7 +101,7 @@ def machine_info(device):
         "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_class(),
         "cpu": cpu_class(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus_usable": usable_cpus(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "torch": torch.__version__,
