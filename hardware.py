@@ -78,13 +78,15 @@ def enable_tf32():
 MOST_THREADS_PER_CPU = 4
 
 
-def check_threads(n):
+def check_threads(n, setting="threads"):
+    """ValueError for a thread count the setting `threads`, or the OMP_NUM_THREADS it defers to, may not ask for."""
     if n < 0:
         raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
     if n > MOST_THREADS_PER_CPU * usable_cpus():
-        raise ValueError(f"threads={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "
+        instead = "or 0 for one a CPU" if setting == "threads" else "or unset it for one a CPU"
+        raise ValueError(f"{setting}={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "
                          f"beyond those only wait for each other; use at most {MOST_THREADS_PER_CPU * usable_cpus()}, "
-                         "or 0 for one a CPU")
+                         + instead)
 
 
 def usable_cpus():
@@ -101,8 +103,10 @@ def pick_threads(n, processes_here=1):
     check_threads(n)
     if n:
         return n
-    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        return int(os.environ["OMP_NUM_THREADS"])
+    from_environment = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if from_environment.isdigit() and int(from_environment) > 0:
+        check_threads(int(from_environment), "OMP_NUM_THREADS")
+        return int(from_environment)
     return max(1, usable_cpus() // processes_here)
 
 

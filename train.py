@@ -204,9 +204,9 @@ def main(cfg):
         return model
     except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
         fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
-    except torch.OutOfMemoryError as e:
-        fail_alone(out_of_memory(cfg, e), status=1)
-    except RuntimeError as e:
+    except RuntimeError as e:  # torch.OutOfMemoryError is one too
+        if ran_out_of_memory(e):
+            fail_alone(out_of_memory(cfg, e), status=1)
         stop_if_a_peer_is_gone(e)
         raise
     finally:
@@ -444,9 +444,9 @@ def compile_model(model, cfg, setup, optimizers):
             for optimizer in optimizers:  # measured on CPUs only (bench/README.md): on GPUs it stays eager
                 if isinstance(optimizer, Muon) and setup.device_type == "cpu":
                     optimizer.compile()
-    except torch.OutOfMemoryError:  # not the compiler's failure: training uncompiled would need more memory
-        raise
     except Exception as e:  # noqa: BLE001 - compilers fail in many ways; training goes on without one
+        if ran_out_of_memory(e):  # not the compiler's failure: training uncompiled would need more memory
+            raise
         if setup.master:
             why = (str(e).strip().splitlines() or [""])[0][:200]
             print(f"note: torch.compile failed ({type(e).__name__}: {why}); training uncompiled "
@@ -646,11 +646,20 @@ def save(state, cfg, meta, setup, reason, final=False):
     print(f"saved {path} ({reason})")
 
 
+def ran_out_of_memory(error):
+    """Whether error is a failed allocation: a GPU's torch.OutOfMemoryError, or a CPU's, which torch
+    raises as a plain RuntimeError from its allocator."""
+    return isinstance(error, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(error)
+
+
 def out_of_memory(cfg, error):
     """The line for a run whose model and micro-batches do not fit in its device's memory."""
     path = ckpt_path(cfg.out_dir)
     kept = f"the last checkpoint, {path}, is kept" if os.path.exists(path) else "nothing was saved"
-    said = str(error).split(". ")[0].split(" (")[0][:80]  # torch's first words: "CUDA out of memory"
+    # torch's first words, "CUDA out of memory"; a CPU's allocator says more about itself than about memory
+    said = "out of memory"
+    if isinstance(error, torch.OutOfMemoryError):
+        said = str(error).split(". ")[0].split(" (")[0][:80]
     return (f"{said} with micro-batches of batch_size={cfg.batch_size} x "
             f"block_size={cfg.block_size} tokens; halve --batch_size and double --gradient_accumulation_steps "
             f"(now {cfg.gradient_accumulation_steps}) to keep the batch, or lower --block_size; {kept}")

@@ -1104,6 +1104,10 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
         pick_threads(13)  # thousands crash the process
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert pick_threads(0) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "100000")  # torch.set_num_threads(100000) segfaults
+    with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*or unset it"):
+        pick_threads(0)
+    assert pick_threads(4) == 4  # a setting wins over the environment, even a bad one
     with pytest.raises(ValueError, match="threads must be >= 0"):
         pick_threads(-1)
 

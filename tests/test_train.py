@@ -588,40 +588,49 @@ def run_out_of_memory(cfg, capsys):
 
 
 CUDA_OOM = "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.15 GiB"
+# what torch raises, as a plain RuntimeError, where a CPU's allocator fails
+CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate 65536000000 bytes. Error code 12 (Cannot allocate memory)")
 
 
-def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tmp_path, data_dir, monkeypatch, capsys):
-    """An out-of-memory error in training (here the 4th step's forward) stops the run in one line that
-    names the micro-batch, what to lower, and the checkpoint that is kept."""
+@pytest.mark.parametrize("error, said", [(torch.OutOfMemoryError(CUDA_OOM), "CUDA out of memory"),
+                                         (RuntimeError(CPU_OOM), "out of memory")])
+def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tmp_path, data_dir, monkeypatch, capsys,
+                                                                              error, said):
+    """An out-of-memory error in training (here the 4th step's forward), on a GPU or a CPU, stops the run in
+    one line that names the micro-batch, what to lower, and the checkpoint that is kept."""
     forward, steps = GPT.forward, []
 
     def forward_that_runs_out(self, *args, **kwargs):
         if self.training:
             steps.append(1)
             if len(steps) == 4:
-                raise torch.OutOfMemoryError(CUDA_OOM)
+                raise error
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", forward_that_runs_out)
     status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2),
                                     capsys)
     assert status == 1
-    assert out.err == ("error: CUDA out of memory with micro-batches of batch_size=2 x block_size=8 tokens; halve "
+    assert out.err == (f"error: {said} with micro-batches of batch_size=2 x block_size=8 tokens; halve "
                        "--batch_size and double --gradient_accumulation_steps (now 1) to keep the batch, or lower "
                        f"--block_size; the last checkpoint, {tmp_path / 'ckpt.pt'}, is kept\n")
     assert load(tmp_path / "ckpt.pt")["iter_num"] == 2
 
 
-def test_running_out_of_memory_while_compiling_is_not_a_compile_failure(tmp_path, data_dir, monkeypatch, capsys):
+@pytest.mark.parametrize("error, said", [(torch.OutOfMemoryError(CUDA_OOM), "CUDA out of memory"),
+                                         (RuntimeError(CPU_OOM), "out of memory")])
+def test_running_out_of_memory_while_compiling_is_not_a_compile_failure(tmp_path, data_dir, monkeypatch, capsys,
+                                                                        error, said):
     """Compiling runs a forward and backward of the real batch: out of memory there, training uncompiled
     would need more, so the run stops in the same line rather than fall back to eager."""
     def compiled(*args, **kwargs):
-        raise torch.OutOfMemoryError(CUDA_OOM)
+        raise error
 
     monkeypatch.setattr(torch, "compile", lambda model: compiled)
     status, out = run_out_of_memory(tiny_config(data_dir, tmp_path), capsys)
     assert status == 1 and "torch.compile failed" not in out.out
-    assert out.err.startswith("error: CUDA out of memory with micro-batches of batch_size=2 x block_size=8 tokens; ")
+    assert out.err.startswith(f"error: {said} with micro-batches of batch_size=2 x block_size=8 tokens; ")
     assert out.err.endswith("; nothing was saved\n") and not (tmp_path / "ckpt.pt").exists()
 
 
