@@ -14,6 +14,7 @@ import inspect
 import io
 import math
 import os
+import signal
 import sys
 import tokenize
 import tomllib
@@ -114,13 +115,23 @@ def help_text(cls):
     return "\n".join(lines)
 
 
+def print_help(cls):
+    """Print help_text and exit 0; a reader that leaves early (python train.py --help | head) ends it
+    quietly, with 128 + SIGPIPE as a Unix tool would, not with a BrokenPipeError."""
+    try:
+        print(help_text(cls), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # where the exit's own flush goes
+        sys.exit(128 + signal.SIGPIPE)
+    sys.exit(0)
+
+
 def load_config(cls, argv):
     """Build a `cls` dataclass from defaults, then TOML files, then --key=value flags, in that order."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     if any(a in ("-h", "--help") for a in argv):
-        print(help_text(cls))
-        sys.exit(0)
+        print_help(cls)
 
     def check_key(key, where):
         if key not in hints:

@@ -633,6 +633,20 @@ def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, dat
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
 
 
+@pytest.mark.parametrize("script", ["train.py", "data/prepare.py"])  # both through configurator.load_config
+def test_help_to_a_reader_that_has_left_ends_quietly(script):
+    """python train.py --help | head -1, with head gone before the help is written: exit 128 + SIGPIPE
+    and nothing on stderr, not a BrokenPipeError's traceback."""
+    reader, writer = os.pipe()
+    os.close(reader)  # a pipe nobody reads: the first write fails
+    try:
+        proc = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=ENV, stdout=writer,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(writer)
+    assert proc.returncode == 128 + signal.SIGPIPE and proc.stderr == "", proc.stderr
+
+
 def sample_py_streaming(out_dir, *python):
     """`python sample.py` from out_dir/ckpt.pt writing a million tokens, run by python (the arguments
     before the script), once it has streamed its first ten bytes: (the process, those bytes)."""
