@@ -84,8 +84,9 @@ def model_from_checkpoint(checkpoint, path, **overrides):
         model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
         model.load_state_dict(clean_state_dict(checkpoint["model"]))
     except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as e:  # a foreign or damaged file
+        detail = " ".join(str(e).split())  # load_state_dict's first line is a header; its cause follows
         raise ValueError(f"{path} does not match this code's model (an incompatible config): "
-                         f"{str(e).splitlines()[0]}") from None
+                         f"{detail[:300]}{'...' if len(detail) > 300 else ''}") from None
     return model
 
 
@@ -102,8 +103,10 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
                          f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
     # a model setting the first run's code did not have yet was at GPTConfig's default: GPT-2's way,
     # the only one that code knew (TrainConfig's default for it may differ)
-    before = {k: saved.get(k, getattr(GPTConfig, k)) for k in WEIGHT_SETTINGS}
-    differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in WEIGHT_SETTINGS if before[k] != getattr(cfg, k)]
+    # (vocab_size as set, 0 meaning the data's, is compared as the vocabulary it resolves to, below)
+    compared = [k for k in WEIGHT_SETTINGS if k != "vocab_size"]
+    before = {k: saved.get(k, getattr(GPTConfig, k)) for k in compared}
+    differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in compared if before[k] != getattr(cfg, k)]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
                          f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); resume on the data it was "
@@ -143,6 +146,7 @@ def check_resume_fields(checkpoint, path):
     wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
         wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"]]
+        wrong += [] if isinstance(checkpoint["model_config"].get("vocab_size"), int) else ["model_config lacks vocab_size"]
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
                   if key not in checkpoint["optimizer"]]
     if wrong:

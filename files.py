@@ -15,10 +15,7 @@ def atomic_write(path, write):
     clears the temporary files of earlier writes of path that were killed (SIGKILL leaves them), never
     one whose process is still alive (another run writing the same file)."""
     directory = os.path.dirname(os.path.abspath(path))
-    for stale in glob.glob(temporary_path(glob.escape(os.path.abspath(path)), "*")):
-        pid = stale.rsplit(".tmp", 1)[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            os.remove(stale)
+    clear_stale_temporaries(path)
     tmp = temporary_path(path, os.getpid())
     try:
         with open(tmp, "wb") as f:
@@ -40,6 +37,15 @@ def atomic_write(path, write):
 def temporary_path(path, pid):
     """Where process pid's atomic_write holds path's new content until it is whole: beside it, hidden."""
     return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{pid}")
+
+
+def clear_stale_temporaries(path):
+    """Remove the temporary files (temporary_path) of earlier writes of path whose process was killed
+    (SIGKILL leaves them, and data/prepare.py's may be gigabytes), never one whose process is still alive."""
+    for stale in glob.glob(temporary_path(glob.escape(os.path.abspath(path)), "*")):
+        pid = stale.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            os.remove(stale)
 
 
 def process_alive(pid):

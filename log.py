@@ -14,7 +14,7 @@ import torch
 
 from checkpoint import ckpt_path
 from files import atomic_write
-from hardware import BusyCheck, peak_flops
+from hardware import BusyCheck, dtype_name, peak_flops
 
 
 class TrainingLog:
@@ -28,14 +28,16 @@ class TrainingLog:
         self.fp16 = setup.dtype == torch.float16  # its GradScaler skips steps with a non-finite loss itself
         self.tokens_per_iter = setup.accumulation_steps * cfg.batch_size * cfg.block_size
         self.flops_per_iter = model.flops_per_token() * self.tokens_per_iter / setup.world_size
-        self.peak, source = peak_flops(setup.device_type, setup.dtype) if setup.master else (None, "")
+        # eval_only writes nothing: not even the CPU's measured peak, which MFU needs only in training
+        measure = setup.master and not cfg.eval_only
+        self.peak, source = peak_flops(setup.device_type, setup.dtype) if measure else (None, "")
         self.device_type, self.dtype = setup.device_type, setup.dtype
         self.busy = BusyCheck(self.tokens_per_iter) if setup.device_type == "cpu" else None
         if setup.master:
             processes = f"{setup.world_size} process(es)" + (f" {cfg.parallelism}" if setup.distributed else "")
-            print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {str(setup.dtype)[6:]} | "
+            print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {dtype_name(setup.dtype)} | "
                   f"attention {cfg.attention} | {torch.get_num_threads()} threads | {processes} | "
-                  f"{self.tokens_per_iter:,} tokens/iter | MFU against {source}")
+                  f"{self.tokens_per_iter:,} tokens/iter" + (f" | MFU against {source}" if measure else ""))
 
     def open(self, iter_num):
         """Training begins at iter_num: start the clock between log lines and the records in out_dir."""

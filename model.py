@@ -46,8 +46,10 @@ class GPTConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        # the n_head that fit: a whole head size, and an even one for rope's channel pairs
+        fits = [h for h in range(1, 33) if self.n_embd % h == 0
+                and (self.pos_embedding != "rope" or (self.n_embd // h) % 2 == 0)]
         if self.n_embd % self.n_head != 0:
-            fits = [h for h in range(1, 33) if self.n_embd % h == 0]
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}; with this n_embd, "
                              f"n_head can be one of {', '.join(map(str, fits))}")
         if not 0.0 <= self.dropout < 1.0:
@@ -59,7 +61,9 @@ class GPTConfig:
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}")
+            raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}; with this "
+                             f"n_embd, n_head can be one of {', '.join(map(str, fits)) or 'none'} "
+                             "(or use pos_embedding='learned')")
 
 
 # Settings that change how trained weights are run, not what they mean: a checkpoint or GPT-2 may

@@ -28,7 +28,6 @@ import os
 import socket
 import sys
 import tempfile
-import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -43,7 +42,7 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
 from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
-from files import atomic_write, check_text_file, read_text_file  # noqa: E402
+from files import atomic_write, check_text_file, clear_stale_temporaries, read_text_file, temporary_path  # noqa: E402
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -61,10 +60,12 @@ MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
 # Writing a data dir
 
 def _tmp_path(path):
-    # in the same directory as the target, so os.replace is an atomic rename on one filesystem;
-    # created with open() rather than mkstemp so it gets the usual permissions (mkstemp's are 0600)
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    open(tmp, "xb").close()
+    # atomic_write's temporary name, beside the target, so that os.replace is an atomic rename on one
+    # filesystem, and a later run clears what a killed one left; created with open() rather than mkstemp
+    # so it gets the usual permissions (mkstemp's are 0600)
+    clear_stale_temporaries(path)
+    tmp = temporary_path(path, os.getpid())
+    open(tmp, "wb").close()
     return tmp
 
 

@@ -638,3 +638,16 @@ def test_a_batch_holds_windows_from_its_offsets_and_targets_one_token_further():
     assert torch.equal(x, offsets[:, None] + torch.arange(8))
     assert torch.equal(y, x + 1), "each target is the token after its input"
 
+
+
+def test_a_killed_preparation_leaves_no_lasting_temporary_files(tmp_path):
+    """What a preparation that was killed (SIGKILL: an out-of-memory killer on a large corpus) had
+    staged, maybe gigabytes, is cleared by the next preparation of that directory; a live one's is kept."""
+    from files import temporary_path
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    staged = {name: temporary_path(str(tmp_path / name), int(dead.stdout)) for name in ("train.bin", "val.bin")}
+    alive = temporary_path(str(tmp_path / "train.bin"), os.getppid())  # a process that runs: the test's parent
+    for path in [*staged.values(), alive]:
+        open(path, "wb").close()
+    prepare_char("abcdefghij" * 10, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted(["meta.json", "train.bin", "val.bin", os.path.basename(alive)])

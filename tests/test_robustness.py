@@ -952,6 +952,9 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run"]),
     Case("resume-config-a-list", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "config", []))), lambda c: ["config is list"]),
+    Case("resume-model_config-without-vocab_size", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: ck["model_config"].pop("vocab_size"))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "model_config lacks vocab_size"]),
     Case("resume-iter_num-a-string", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
     Case("learning-rate-zero", lambda c: train_args(c, "--learning_rate=0"), lambda c: ["learning_rate", "positive"]),
@@ -1038,6 +1041,11 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "model is list"]),
     Case("sample-checkpoint-tokenizer-a-list", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: _set(ck, "tokenizer", []))), lambda c: ["tokenizer is list"]),
+    # the weights of one model, the config of another: the line says which weights do not fit, not only
+    # load_state_dict's header
+    Case("sample-checkpoint-whose-weights-do-not-fit-its-config", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_embd", 32))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "does not match this code's model", "size mismatch for"]),
     Case("sample-checkpoint-without-model_config", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: ck.pop("model_config"))), lambda c: ["no model_config"]),
     # written by forked code with an activation this code lacks: refused, not run as another activation
@@ -1275,3 +1283,40 @@ def test_the_cpu_peak_probe_leaves_the_seeded_rng_alone():
     before = torch.get_rng_state()
     measure_cpu_peak(torch.float32, size=32, seconds=0.01)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+# ---- what a review of the library found -------------------------------------------------------------
+
+def test_the_n_head_an_error_suggests_are_accepted():
+    """With rope a head needs an even size: the n_head the divisibility error lists must all build, and
+    the rope error itself lists them (n_embd=96: 32 heads of 3 channels do not)."""
+    with pytest.raises(ValueError, match=r"n_head can be one of 1, 2, 3, 4, 6, 8, 12, 16, 24$") as refused:
+        GPTConfig(n_embd=96, n_head=5, pos_embedding="rope")
+    for n_head in map(int, str(refused.value).rsplit("one of ", 1)[1].split(", ")):
+        GPTConfig(n_embd=96, n_head=n_head, pos_embedding="rope")
+    with pytest.raises(ValueError, match=r"n_embd/n_head = 3; .*one of 1, 2, 3, 4, 6, 8, 12, 16, 24 .*learned"):
+        GPTConfig(n_embd=96, n_head=32, pos_embedding="rope")
+    assert "32" in str(pytest.raises(ValueError, GPTConfig, n_embd=96, n_head=5, pos_embedding="learned").value)
+
+
+def test_a_run_resumes_with_its_vocabulary_given_as_a_number(tmp_path, data_dir):
+    """vocab_size=0 means the data's vocabulary; resuming with that vocabulary spelt out is the same model."""
+    import train
+    first = TrainConfig(**{**dict(device="cpu", dtype="float32", max_seconds=0, max_iters=2, n_layer=1, n_head=2,
+                                  n_embd=16, block_size=8, batch_size=2, eval_iters=1, compile=False),
+                           "data_dir": str(data_dir), "out_dir": str(tmp_path)})
+    train.main(first)
+    vocab = load_checkpoint(str(tmp_path / "ckpt.pt"))["model_config"]["vocab_size"]
+    resumed = train.main(TrainConfig(**{**asdict(first), "init_from": "resume", "max_iters": 3, "vocab_size": vocab}))
+    assert resumed.config.vocab_size == vocab and load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 3
+
+
+def test_eval_only_writes_no_cpu_peak(tmp_path, data_dir, monkeypatch):
+    """eval_only writes nothing, not even the measured CPU peak that only training's MFU needs."""
+    import hardware
+    import train
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    train.main(TrainConfig(device="cpu", dtype="float32", n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2,
+                           eval_iters=1, compile=False, eval_only=True, data_dir=str(data_dir),
+                           out_dir=str(tmp_path / "out")))
+    assert not (tmp_path / "peak.json").exists() and not (tmp_path / "out").exists()
