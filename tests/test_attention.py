@@ -548,8 +548,24 @@ def test_rotary_turns_pairs_so_scores_depend_only_on_distance():
     for shift in (1, 4, 9):
         torch.testing.assert_close(at(q, 3 + shift) @ at(k, 3), at(q, 6 + shift) @ at(k, 6))
     assert not torch.allclose(at(q, 4) @ at(k, 3), at(q, 9) @ at(k, 3))
-    angle = cos[1, 0].acos()  # position 1 turns the pair (channel 0, channel 4) by the first angle
+    angle = torch.tensor(1.0)  # position 1 turns the pair (channel 0, channel 4) by 1 * 10000^0 radians
     e0 = torch.zeros(8)
     e0[0] = 1.0
     turned = at(e0.view(1, 1, 1, 8), 1)
     torch.testing.assert_close(turned[[0, 4]], torch.stack([angle.cos(), angle.sin()]))
+
+
+@pytest.mark.parametrize("position, pair", [(1, 1), (5, 1), (7, 2), (15, 3), (15, 0)])
+def test_rotary_tables_turn_pair_i_at_position_p_by_p_times_10000_to_the_minus_2i_over_hs(position, pair):
+    """GPT's rope_cos and rope_sin against RoPE's formula, written out here in float64: position p turns
+    pair i (channels i and i + hs/2) by p * 10000^(-2i/hs); cos is the same in both halves, sin negated
+    in the first (apply_rotary). Pairs past the first show the base: with 1000 they would turn 0.07 to
+    0.4 rad further, against a tolerance of 1e-6 (the float32 tables are within 1e-7)."""
+    hs = 8
+    model = GPT(GPTConfig(vocab_size=8, block_size=16, n_layer=1, n_head=2, n_embd=2 * hs, pos_embedding="rope"))
+    angle = position * 10000 ** (-2 * pair / hs)
+    cos, sin = model.rope_cos[position].double(), model.rope_sin[position].double()  # (hs,)
+    expected_cos = torch.tensor([math.cos(angle)] * 2, dtype=torch.float64)
+    expected_sin = torch.tensor([-math.sin(angle), math.sin(angle)], dtype=torch.float64)
+    torch.testing.assert_close(cos[[pair, pair + hs // 2]], expected_cos, rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin[[pair, pair + hs // 2]], expected_sin, rtol=0, atol=1e-6)

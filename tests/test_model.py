@@ -83,7 +83,8 @@ def test_forward_returns_causal_weights_for_every_layer(backend):
                          ids=["gpt2", "rope-qk_norm"])
 def test_attention_steps_are_the_q_k_v_behind_the_weights_and_the_output(arch):
     """attention_steps' q, k, v are the ones attention used (after QK-norm and RoPE): the softmax of
-    q·kᵀ/√d under the causal mask is its weights, and Σ α v, heads joined and projected, its output."""
+    q·kᵀ/√d under the causal mask is its weights, and Σ α v, heads joined and projected, its output.
+    With QK-norm each head's q and k vector has unit RMS (RoPE turns pairs, so keeps it); without, far from it."""
     model = make_gpt("sdpa", **arch)
     idx = rand_tokens(B, 12)
     outputs = []
@@ -97,6 +98,12 @@ def test_attention_steps_are_the_q_k_v_behind_the_weights_and_the_output(arch):
         torch.testing.assert_close(scores.softmax(-1), weights, rtol=0, atol=1e-6)
         joined = (weights @ v).transpose(1, 2).reshape(B, 12, -1)  # (B, T, C): heads side by side
         torch.testing.assert_close(attn.c_proj(joined), out, rtol=0, atol=1e-5)
+        for t in (q, k):
+            mean_square = t.square().mean(-1)  # (B, nh, T): one per head vector
+            if arch.get("qk_norm"):
+                torch.testing.assert_close(mean_square, torch.ones_like(mean_square), rtol=0, atol=1e-5)
+            else:
+                assert (mean_square - 1).abs().amax() > 0.5, "q and k have unit RMS without QK-norm"
     assert all(b.attn.qkv is None and b.attn.weights is None for b in model.transformer.h)
 
 
@@ -491,6 +498,27 @@ def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):
 # --------------------------------------------------------------------------- training
 
 
+def test_init_is_gpt2s_with_residual_projections_scaled_by_one_over_sqrt_2_n_layer():
+    """GPT-2's init: every matrix and embedding N(0, 0.02), except the projections that write into the
+    residual stream, 0.02 / sqrt(2 n_layer) = 0.005 with 8 layers, so the stream's variance does not grow
+    with depth; biases zero, norm gains one. Each std comes from 16k to 262k samples (relative standard
+    error under 0.6%), so 5% is safe and the unscaled 0.02 would miss by 300%."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=8, n_head=8, n_embd=256))
+    checked = set()
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        elif p.dim() == 1:  # LayerNorm gains
+            assert torch.equal(p, torch.ones_like(p)), name
+        else:
+            expected = 0.02 / math.sqrt(2 * 8) if name.endswith("c_proj.weight") else 0.02
+            assert p.std().item() == pytest.approx(expected, rel=0.05), name
+            assert abs(p.mean().item()) < 0.05 * expected, name
+            checked.add(name.split(".")[-2] if "h." in name else name)
+    assert checked == {"c_attn", "c_proj", "c_fc", "transformer.wte.weight", "transformer.wpe.weight"}, checked
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_tiny_model_overfits_one_batch(backend):
     model = make_gpt(backend, std=0).train()  # GPT-2's own init
@@ -839,6 +867,19 @@ def test_activation_is_gpt2s_tanh_gelu_the_exact_one_or_relu_squared(activation)
         h = torch.where(h > 0, h * h, torch.zeros_like(h))
     with torch.no_grad():
         torch.testing.assert_close(mlp(x), mlp.c_proj(h), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("norm, norm_class", [("layernorm", torch.nn.LayerNorm), ("rmsnorm", torch.nn.RMSNorm)])
+def test_norm_setting_builds_that_norm_before_attention_mlp_and_head(norm, norm_class):
+    """norm= picks the class of every norm in the model, ln_1 and ln_2 of each block and ln_f, so a
+    setting that is read but not used shows; RMSNorm has a gain and no bias, LayerNorm both."""
+    model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, norm=norm))
+    norms = [n for block in model.transformer.h for n in (block.ln_1, block.ln_2)] + [model.transformer.ln_f]
+    assert [type(n) for n in norms] == [norm_class] * 5
+    norm_keys = [key for key in model.state_dict() if key.split(".")[-2].startswith("ln_")]
+    assert len([key for key in norm_keys if key.endswith(".weight")]) == 5
+    assert len([key for key in norm_keys if key.endswith(".bias")]) == (5 if norm == "layernorm" else 0)
+
 
 VARIANTS = {
     "rope": dict(pos_embedding="rope"),

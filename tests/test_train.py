@@ -425,6 +425,28 @@ def test_evaluation_reads_each_split_and_the_same_batches_whatever_the_seed(tmp_
     assert losses[1] == losses[2], "the evaluation batches depend on the run's seed"
 
 
+def test_evaluation_is_the_mean_loss_of_its_batches(tmp_path, data_dir):
+    """evaluate's number for each split is the mean of the model's loss over the eval_iters batches
+    drawn with EVAL_SEED, recomputed here one batch at a time: not their sum, nor one batch's loss."""
+    import train
+    from data.loader import Batches
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(n, size=2000).astype(np.uint16) for n in (10, 40))
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    cfg = tiny_config(data_dir, tmp_path, eval_iters=3)
+    torch.manual_seed(0)
+    model = GPT(train.model_config(cfg, 40))
+    losses = train.evaluate(model, train.Data(a, b, {"tokenizer": "random", "vocab_size": 40}), cfg, setup)
+    model.eval()
+    for split, tokens in (("train", a), ("val", b)):
+        batches = Batches(tokens, cfg.block_size, cfg.batch_size, seed=train.EVAL_SEED, device="cpu")
+        with torch.no_grad():
+            each = [model(*batches.load(offsets))[1].item() for offsets in batches.offsets(3)]
+        assert max(each) - min(each) > 0.01, "the batches are too alike to tell a mean from one of them"
+        assert losses[split] == pytest.approx(sum(each) / 3, rel=0, abs=1e-6), (split, each)
+
+
 def test_evaluations_build_no_autograd_graph(tmp_path, data_dir, monkeypatch):
     """Every forward in eval mode (evaluations, and timing one under a budget) runs without autograd."""
     import train
