@@ -515,7 +515,8 @@ def test_cli_error_while_writing_is_one_line(tmp_path, run_main, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), staged["train.bin"])
     monkeypatch.setattr(data.prepare, "_publish", disk_full)
     status, _, err = run_main("--input=a.txt", "--tokenizer=char", "--out_dir=out", cwd=tmp_path)
-    assert_one_error_line(status, err, "error: [Errno 28] No space left on device: 'out")
+    assert_one_error_line(status, err, "error: [Errno 28] No space left on device: ")
+    assert os.path.join("out", ".train.bin.tmp") in err, err  # the file it was writing, in out_dir
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
