@@ -105,12 +105,14 @@ def as_typed(value):
 
 
 def help_text(cls):
-    """What --help prints: every setting with its default, its meaning and its type, in columns."""
+    """What --help prints: every setting with its default, its meaning and its type, in columns. A
+    class whose arguments mean something else says so in its USAGE (a ClassVar)."""
     hints, defaults, comments = typing.get_type_hints(cls), cls(), field_comments(cls)
     flags = {f.name: f"--{f.name}={as_typed(getattr(defaults, f.name))}" for f in dataclasses.fields(cls)}
     width = max(map(len, flags.values()))
-    lines = [f"usage: python {os.path.relpath(sys.argv[0])} [config.toml ...] [--key=value ...]",
-             "A TOML file overrides the defaults below; --key=value overrides both.", ""]
+    usage = getattr(cls, "USAGE", "[config.toml ...] [--key=value ...]\n"
+                                  "A TOML file overrides the defaults below; --key=value overrides both.")
+    lines = [f"usage: python {os.path.relpath(sys.argv[0])} {usage}", ""]
     lines += [f"  {flag:<{width}}  {comments.get(name, '')} [{type_name(hints[name])}]" for name, flag in flags.items()]
     return "\n".join(lines)
 

@@ -37,7 +37,7 @@ import tempfile
 import time
 import typing
 from dataclasses import asdict, dataclass, replace
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import numpy as np
 import torch
@@ -65,6 +65,8 @@ EXECUTIONS = {"nanogpt": {"compile": False, "dtype": "float32", "attention": "sd
 
 @dataclass
 class TrainBench:
+    USAGE: ClassVar[str] = ("[train_config.toml] [--key=value ...]\nA train.py config (configs/...) sets the "
+                            "model and its training; --key=value sets the options below, which override it.")
     config: str = ""  # a TOML of train.py settings (configs/...); "": train.TrainConfig's defaults (the CPU model)
     n_layer: Optional[int] = None  # transformer blocks; none: from the config
     n_head: Optional[int] = None  # attention heads; none: from the config

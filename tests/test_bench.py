@@ -174,6 +174,8 @@ def test_bench_help_describes_every_setting(launch, script):
     assert settings, out
     undescribed = [line for line in settings if re.fullmatch(r"\s+--\S+\s+\[.*\]", line)]  # no comment before the type
     assert not undescribed, undescribed
+    if script == "train":  # its file is train.py's config, not a file of these settings
+        assert "[train_config.toml] [--key=value ...]" in out.splitlines()[0] and "A TOML file" not in out, out
 
 
 @pytest.mark.parametrize("script, flag, says", [
