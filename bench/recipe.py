@@ -260,6 +260,8 @@ def paired_difference(configs, seeds, runs):
 def main(cfg):
     configs = check_configs(cfg)
     seeds = split_list(cfg.seeds, "seeds", int)
+    if len(set(seeds)) < len(seeds):  # a repeat would run into the first one's out_dir
+        fail(f"seeds={cfg.seeds} repeats a seed; give each once (each seed runs once per config)")
     device = resolve_device(cfg.device)
     # absolute: each run starts in the checkout whose train.py it runs
     work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))

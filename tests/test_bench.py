@@ -184,6 +184,7 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/train.py", "--vocab_size=-3", "vocab_size must be >= 0"),
     ("bench/recipe.py", "--train_args='oops", "train_args=\"'oops\" cannot be split into flags"),
     ("bench/recipe.py", "--run_timeout=-1", "run_timeout must be >= 0"),
+    ("bench/recipe.py", "--seeds=1,1", "seeds=1,1 repeats a seed"),
 ])
 def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
     proc = launch(script, flag, f"--out={tmp_path / 'x.json'}")
