@@ -146,7 +146,8 @@ def check_resume_fields(checkpoint, path):
     wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
         wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"]]
-        wrong += [] if isinstance(checkpoint["model_config"].get("vocab_size"), int) else ["model_config lacks vocab_size"]
+        if not isinstance(checkpoint["model_config"].get("vocab_size"), int):
+            wrong.append("model_config lacks vocab_size")
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
                   if key not in checkpoint["optimizer"]]
     if wrong:
