@@ -46,7 +46,7 @@ import torch
 
 import attention as attn_mod
 from attention import BACKENDS, MultiHeadAttention, check_backend
-from bench.benchutil import (cuda_peak, default_out, fail, failure, fmt, holds_or_not, machine_info, md_table, parse,
+from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
 
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
@@ -322,6 +322,7 @@ def main(cfg):
         return single(cfg)
     device = resolve_device(cfg.device)
     kind = device.split(":")[0]
+    out = out_path(cfg.out, "attention", device)
     set_threads(cfg.threads)
     seq_lens = split_list(cfg.seq_lens, "seq_lens", int)
     if any(t < 1 for t in seq_lens):
@@ -337,7 +338,7 @@ def main(cfg):
           f"median of {cfg.repeats} interleaved rounds | peak memory: {memory}")
     warm_up_autograd(device, getattr(torch, cfg.dtype))
     results = sweep(cfg, device, backends, seq_lens)
-    report(cfg, device, info, backends, seq_lens, results)
+    report(cfg, device, info, backends, seq_lens, results, out)
 
 
 def cell_ms(rec):
@@ -362,7 +363,7 @@ def ratio(results, b, ref, T, key):
     return x / y if x is not None and y else None  # memory as a share of ref
 
 
-def report(cfg, device, info, backends, seq_lens, results):
+def report(cfg, device, info, backends, seq_lens, results, out):
     kind = device.split(":")[0]
     others = [b for b in backends if b != "manual"] if "manual" in backends else []
     headers = ["T"] + [f"{b} ms" for b in backends] + [f"{b} MiB" for b in backends] + \
@@ -400,7 +401,6 @@ def report(cfg, device, info, backends, seq_lens, results):
         print(f"peak memory flash / manual at T={CHECK_T}: {verdict}"
               + (f"; sdpa / manual: {sd:.4f}" if sd is not None else ""))
 
-    out = cfg.out or default_out("attention", device)
     write_json(out, {"benchmark": "attention", "machine": info, "config": asdict(cfg),
                      "flash_kernel": flash_kernel(device, getattr(torch, cfg.dtype)),
                      "results": {b: {str(T): rec for T, rec in results[b].items()} for b in backends},

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attention_map import write_attention_page
-from bench.benchutil import (default_out, holds_or_not, machine_info, md_table, parse, print_machine, split_list,
+from bench.benchutil import (holds_or_not, machine_info, md_table, out_path, parse, print_machine, split_list,
                              write_json)
 from data.tokenizer import GPT2Tokenizer
 from model import GPT, GPTConfig
@@ -78,6 +78,7 @@ def measure(case, n_tokens, seed, work_dir):
 
 def main(cfg):
     cases = split_list(cfg.cases, "cases", allowed=CASES)
+    out = out_path(cfg.out, "attention-page", "cpu")
     info = machine_info("cpu")
     print_machine(info)
     results = {}
@@ -92,8 +93,7 @@ def main(cfg):
         verdict = holds_or_not(r["holds"]) if r["applies"] else \
             f"not applicable (stated over {STATED_TOKENS[case]} tokens)"
         print(f"requirement {case} page <= {r['goal_mb']:.0f} MB: {verdict}")
-    write_json(cfg.out or default_out("attention-page", "cpu"),
-               {"benchmark": "attention_page", "machine": info, "config": asdict(cfg), "results": results})
+    write_json(out, {"benchmark": "attention_page", "machine": info, "config": asdict(cfg), "results": results})
 
 
 if __name__ == "__main__":

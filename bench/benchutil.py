@@ -17,7 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, load_config
-from files import atomic_write
+from files import atomic_write, check_writable
 from hardware import cpu_class, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,8 +69,22 @@ def device_slug(device):
     return device.split(":")[0]
 
 
-def default_out(name, device):
-    return os.path.join(RESULTS, f"{name}-{device_slug(device)}.json")
+def out_path(out, name, device):
+    """Where a benchmark writes its JSON: out (its --out), or bench/results/<name>-<device>.json. Checked
+    before the benchmark runs, so a path that cannot be written is one line rather than a traceback after
+    minutes of measuring. Missing folders are fine: write_json makes them."""
+    path = out or os.path.join(RESULTS, f"{name}-{device_slug(device)}.json")
+    folder = os.path.dirname(os.path.abspath(path))
+    existing = folder
+    while not os.path.isdir(existing):
+        if os.path.exists(existing):
+            fail(f"out={path}: {existing} is a file, not a folder; pick another path")
+        existing = os.path.dirname(existing)
+    try:
+        check_writable(path if existing == folder else os.path.join(existing, os.path.basename(path)))
+    except ValueError as e:
+        fail(f"out={path}: {e}")
+    return path
 
 
 def set_threads(n):

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bench.benchutil import (ROOT, default_out, fail, fmt, machine_info, md_table, parse, print_machine,
+from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine,
                              resolve_device, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import Batches, open_split
@@ -263,6 +263,7 @@ def main(cfg):
     if len(set(seeds)) < len(seeds):  # a repeat would run into the first one's out_dir
         fail(f"seeds={cfg.seeds} repeats a seed; give each once (each seed runs once per config)")
     device = resolve_device(cfg.device)
+    out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs
     work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))
     info = machine_info(device)
@@ -277,7 +278,6 @@ def main(cfg):
     for r in runs:
         if r.get("error"):
             print(f"  note: {r['label']} seed {r['seed']}: {r['error']} (log: {r['out_dir']}/train.log)")
-    out = cfg.out or default_out("recipe", device)
     write_json(out, {"benchmark": "recipe", "machine": info, "config": asdict(cfg), "eval": evaluation,
                      "runs": [without_paths(r) for r in runs], "summary": summaries, "paired": paired})
 

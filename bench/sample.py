@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from attention import Backend
-from bench.benchutil import (ROOT, default_out, fail, fmt, holds_or_not, machine_info, md_table, parse, print_machine,
+from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_table, out_path, parse, print_machine,
                              profiled, resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary,
                              timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
@@ -303,6 +303,7 @@ def build_paths(cfg, device, device_type):
 def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
+    out = out_path(cfg.out, "sample" if cfg.reference == "nanogpt" else "sample-transformers", device)
     set_threads(cfg.threads)
     if cfg.profile:
         show_compiled_kernels()
@@ -343,8 +344,6 @@ def main(cfg):
     profiles = profile_paths(cfg, generate, paths, device) if cfg.profile else None
     print(f"greedy (temperature 0) tokens of {' and '.join(ours)} identical to {same_as}'s: {'yes' if same else 'NO'}"
           + ("" if same else f" (first difference at new token {first_diff})"))
-    name = "sample" if cfg.reference == "nanogpt" else "sample-transformers"
-    out = cfg.out or default_out(name, device)
     write_json(out, {"benchmark": "sample", "machine": info, "config": asdict(cfg), "model": asdict(c),
                      "source": source, "dtype": dtype_name(dtype), "results": results,
                      "ratios": ratios, "requirements": requirements, "profile": profiles,

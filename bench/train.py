@@ -44,7 +44,7 @@ import torch
 
 import train
 from attention import BACKENDS, Backend, check_backend
-from bench.benchutil import (ROOT, cuda_peak, default_out, fail, failure, fmt, machine_info, md_table, os_costs, parse,
+from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
                              print_machine, profiled, resolve_device, set_threads, show_compiled_kernels, split_list,
                              summary, timed, top_ops, write_json)
 from configurator import ConfigError, load_config
@@ -451,6 +451,7 @@ def print_table(cfg, rows):
 def main(cfg):
     device = resolve_device(cfg.device)
     device_type = device.split(":")[0]
+    out = out_path(cfg.out, "train", device)
     set_threads(cfg.threads)
     tcfg = with_machine_width(train_config(cfg), device_type)  # the model train.py trains here
     vocab, vocab_from = vocab_size(cfg, tcfg)
@@ -485,7 +486,6 @@ def main(cfg):
         profile_variants(cfg, variants, device)
     if cfg.matmuls:
         time_matmuls(cfg, variants, device)
-    out = cfg.out or default_out("train", device)
     write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})
 

@@ -192,6 +192,24 @@ def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("where, says", [("folder", "is a directory"), ("under_a_file", "is a file, not a folder")])
+def test_bench_out_that_cannot_be_written_is_one_line_before_anything_runs(launch, tmp_path, script, where, says):
+    (tmp_path / "notes.txt").write_text("")
+    out = tmp_path if where == "folder" else tmp_path / "notes.txt" / "x.json"
+    proc = launch(f"bench/{script}.py", *(() if script == "attention_page" else ("--device=cpu",)), f"--out={out}")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert proc.stdout == ""  # nothing measured, not even the machine printed
+
+
+def test_bench_out_may_name_folders_not_made_yet(tmp_path):
+    from bench.benchutil import out_path, write_json
+    path = str(tmp_path / "new" / "deeper" / "x.json")
+    assert out_path(path, "train", "cpu") == path
+    write_json(path, {"a": 1})
+    assert json.loads(Path(path).read_text()) == {"a": 1}
+
+
 def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_path, data_dir):
     """train.py runs in its checkout; a config path and work_dir given relative to the caller's directory
     still name the same files there."""
