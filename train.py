@@ -178,7 +178,8 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             if checkpoint is not None:
-                check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, quiet=not setup.master)
+                check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta,
+                                quiet=not setup.master or cfg.eval_only)  # its note is about training
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
@@ -195,7 +196,8 @@ def main(cfg):
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         if cfg.init_from == "resume" and setup.master:
-            print(f"resuming from {ckpt_path(cfg.out_dir)} at iteration {state.iter_num}")
+            print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} "
+                  f"at iteration {state.iter_num}")
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))

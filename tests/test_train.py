@@ -308,7 +308,9 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
 
     resumed = check_ok(launch("train.py", *common, f"--init_from={weights}", "--init_from=resume", "--max_iters=3"))
     assert [int(m[0]) for m in LOG_LINE.findall(resumed.stdout)] == [1, 2, 3], resumed.stdout
-    rescored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true"))
+    rescored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true", "--learning_rate=1e-3"))
+    assert f"evaluating {out / 'ckpt.pt'} at iteration 3" in rescored.stdout, rescored.stdout
+    assert "resuming" not in rescored.stdout and "training follows" not in rescored.stdout, rescored.stdout
     assert evaluation.findall(rescored.stdout) == evaluation.findall(resumed.stdout)[-1:], rescored.stdout
     assert load(out / "ckpt.pt")["iter_num"] == 3
     changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=4")
