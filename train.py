@@ -245,6 +245,9 @@ def set_up(cfg):
     rank, local_rank, world_size = (int(os.environ.get(k, 0 if k != "WORLD_SIZE" else 1))
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
+    if distributed and cfg.device.startswith("cuda:"):  # one GPU cannot be every process's own
+        raise ValueError(f"device={cfg.device} names one GPU, but under torchrun each process takes its local "
+                         "rank's; give --device=cuda (and CUDA_VISIBLE_DEVICES=... to choose the GPUs)")
     device = pick_device(cfg.device)
     if distributed and device.startswith("cuda"):  # each process its own GPU, its local rank's
         if processes_here > torch.cuda.device_count() or local_rank >= torch.cuda.device_count():

@@ -684,6 +684,20 @@ def test_torchrun_with_more_processes_than_gpus_is_one_line_on_every_rank(monkey
         train.set_up(train.TrainConfig(device="cuda"))
 
 
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_torchrun_with_one_named_gpu_is_one_line_on_every_rank(monkeypatch, local_rank):
+    """--device=cuda:1 under torchrun: each process takes its local rank's GPU, so a named one was
+    silently ignored; every rank now says so."""
+    import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name, value in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
+        monkeypatch.setenv(name, str(value))
+    with pytest.raises(ValueError, match=r"device=cuda:1 names one GPU, but under torchrun each process takes its "
+                                         r"local rank's; give --device=cuda \(and CUDA_VISIBLE_DEVICES"):
+        train.set_up(train.TrainConfig(device="cuda:1"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_non_finite_loss_names_both_rates_and_a_dtype_only_where_it_helps(tmp_path, data_dir, capsys, dtype):
     import train
