@@ -670,15 +670,20 @@ def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "Not a directory" in err, err
 
 
+def as_torchrun_rank_of_two(monkeypatch, local_rank, gpus):
+    """The environment torchrun --nproc_per_node=2 gives one of its processes, on a machine with gpus GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    for name, value in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
+        monkeypatch.setenv(name, str(value))
+
+
 @pytest.mark.parametrize("local_rank", [0, 1])
 def test_torchrun_with_more_processes_than_gpus_is_one_line_on_every_rank(monkeypatch, local_rank):
     """As on a machine with one GPU, torchrun --nproc_per_node=2: every rank says so, before any of them
     reaches for a GPU that is not there."""
     import train
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    for name, value in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
-        monkeypatch.setenv(name, str(value))
+    as_torchrun_rank_of_two(monkeypatch, local_rank, gpus=1)
     with pytest.raises(ValueError, match=r"torchrun started 2 processes on this machine, which has 1 GPU\(s\): "
                                          r"one each; use --nproc_per_node=1$"):
         train.set_up(train.TrainConfig(device="cuda"))
@@ -689,10 +694,7 @@ def test_torchrun_with_one_named_gpu_is_one_line_on_every_rank(monkeypatch, loca
     """--device=cuda:1 under torchrun: each process takes its local rank's GPU, so a named one was
     silently ignored; every rank now says so."""
     import train
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    for name, value in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2).items():
-        monkeypatch.setenv(name, str(value))
+    as_torchrun_rank_of_two(monkeypatch, local_rank, gpus=2)
     with pytest.raises(ValueError, match=r"device=cuda:1 names one GPU, but under torchrun each process takes its "
                                          r"local rank's; give --device=cuda \(and CUDA_VISIBLE_DEVICES"):
         train.set_up(train.TrainConfig(device="cuda:1"))
