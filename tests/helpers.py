@@ -35,6 +35,11 @@ def torchrun(*args, nproc=2, timeout=240):
                                    timeout=timeout)).stdout
 
 
+def rank_weights(out_dir, nproc=2):
+    """Each rank's final weights, as tests/distributed_worker.py saved them (flat; a shard under FSDP)."""
+    return [torch.load(os.path.join(out_dir, f"weights-rank{r}.pt"), weights_only=True) for r in range(nproc)]
+
+
 def assert_causal_weights(w, q_start=0):
     """w: (B, nh, Tq, Tk) attention weights of queries at positions q_start.. : exactly zero on the
     future, strictly positive on the past and present, rows summing to one."""

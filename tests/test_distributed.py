@@ -12,7 +12,7 @@ import torch
 from checkpoint import clean_state_dict, load_checkpoint
 from data.loader import Batches
 from distributed import AGREE_SECONDS, AgreementSchedule
-from helpers import torchrun
+from helpers import rank_weights, torchrun
 from model import GPT, GPTConfig
 
 # 3 evaluation batches, which do not divide among 2 ranks
@@ -48,10 +48,6 @@ def assert_evaluates_as_one_process(out, single):
     """3 evaluation batches on 2 ranks: FSDP gathers weights in every forward, so both ranks must run
     as many (a hang otherwise); the losses are those of one process over the same 3 batches."""
     assert evaluation(out) == pytest.approx(single.evaluation, abs=1e-4, rel=0)
-
-
-def rank_weights(out_dir):
-    return [torch.load(os.path.join(out_dir, f"weights-rank{r}.pt"), weights_only=True) for r in (0, 1)]
 
 
 def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_path):
