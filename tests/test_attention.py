@@ -128,6 +128,11 @@ def test_kept_weights_with_kv_cache_masks_bottom_right(backend):
     assert_causal_weights(w1, q_start=8)
     torch.testing.assert_close(y, reference_attention(m, x[:, :8], q_start=5), atol=ATOL, rtol=0)
     torch.testing.assert_close(y1, reference_attention(m, x, q_start=8), atol=ATOL, rtol=0)
+    with torch.no_grad():  # and the backend's own path, which keep_weights bypasses, on the same cache
+        cache = KVCache(BLOCK)
+        m(x[:, :5], kv_cache=cache)
+        torch.testing.assert_close(m(x[:, 5:8], kv_cache=cache), y, atol=ATOL, rtol=0)
+        torch.testing.assert_close(m(x[:, 8:], kv_cache=cache), y1, atol=ATOL, rtol=0)
 
 
 # --------------------------------------------------------------------------- causality
@@ -513,14 +518,15 @@ def test_dropout_is_applied_in_training_only(backend):
         assert not torch.allclose(m(x), m(x)), "dropout=0.5 in training should make outputs random"
 
 
-def test_dropout_drops_attention_weights_and_the_output_at_its_rate():
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+def test_dropout_drops_attention_weights_and_the_output_at_its_rate(backend):
     """At dropout=0.2 (not 0.5, where p and 1 - p agree), while training: the attention weights, and the
     layer's output after c_proj, each lose a fifth of their entries, the rest scaled by 1 / 0.8. The
     weights are seen through v = x = the identity: with q = k = 0 row i weighs tokens 0..i by 1/(i + 1),
     and c_proj's input is then the dropped weights themselves."""
     p, T = 0.2, C
     torch.manual_seed(0)
-    m = MultiHeadAttention(C, 1, dropout=p, backend="manual").train()  # c_proj's bias: no output is zero
+    m = MultiHeadAttention(C, 1, dropout=p, backend=backend).train()  # c_proj's bias: no output is zero
     with torch.no_grad():
         m.c_attn.weight.zero_(), m.c_attn.bias.zero_()
         m.c_attn.weight[2 * C:] = torch.eye(C)  # q = k = 0, v = x

@@ -77,6 +77,8 @@ def test_forward_returns_causal_weights_for_every_layer(backend):
         assert_causal_weights(w)
     assert all(block.attn.weights is None and not block.attn.keep_weights for block in model.transformer.h), \
         "attention_weights leaves the layers as they were"
+    with torch.no_grad():  # the backend's own forward (the weights come from the manual path)
+        torch.testing.assert_close(logits, make_gpt("manual", n_layer=3)(idx)[0], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", [{}, {"pos_embedding": "rope", "qk_norm": True, "norm": "rmsnorm"}],
