@@ -63,13 +63,26 @@ def run_python(code):
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+GLOBAL_STATE = """(list(sys.path), dict(os.environ), [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)],
+ torch.get_rng_state(), random.getstate(), numpy.random.get_state()[1].tolist(), torch.get_num_threads(),
+ torch.get_default_dtype(), torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+ torch.backends.cudnn.allow_tf32, torch.are_deterministic_algorithms_enabled(),
+ [f for f in warnings.filters if f[2].__module__ == "builtins"])"""  # sympy, imported by torch, adds its own
+
+
 def test_importing_changes_no_global_state():
-    """Importing every module, scripts included, leaves sys.path, signal handlers and matplotlib alone."""
-    run_python("import importlib, signal, sys; path = list(sys.path); handlers = [signal.getsignal(s) for s in "
-               "(signal.SIGINT, signal.SIGTERM)]\n"
+    """Importing every module, scripts included, leaves the process as it was: sys.path, the environment,
+    signal handlers, every random generator, torch's threads and numeric settings, warning filters, and
+    matplotlib unimported."""
+    run_python("import importlib, os, random, signal, sys, warnings\nimport numpy, torch\n"
+               f"def state(): return {GLOBAL_STATE}\n"
+               "before = state()\n"
                f"for name in {library_modules()!r}: importlib.import_module(name)\n"
-               "assert sys.path == path, 'sys.path changed'\n"
-               "assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == handlers, 'signal handlers'\n"
+               "names = 'sys.path environ signals torch_rng random numpy_rng threads dtype matmul_precision "
+               "cuda_tf32 cudnn_tf32 deterministic warning_filters'.split()\n"
+               "changed = [n for n, a, b in zip(names, before, state()) "
+               "if not (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)]\n"
+               "assert not changed, changed\n"
                "assert 'matplotlib' not in sys.modules, 'matplotlib imported (and its backend chosen) at import'\n")
 
 
