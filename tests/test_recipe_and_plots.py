@@ -150,25 +150,48 @@ def test_time_limited_run_stops_on_time_decayed_and_draws_its_loss_curve(tmp_pat
     assert_picture(out / "loss.png", (800, 300))
 
 
-def test_plot_losses_draws_both_axes(tmp_path):
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """The figures the plotting functions close after saving, kept for a test to read what they drew."""
+    import matplotlib.pyplot as plt
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    yield figures
+    for fig in figures:
+        close(fig)
+
+
+def test_plot_losses_draws_both_axes(tmp_path, drawn_figures):
     path = tmp_path / "metrics.jsonl"
+    steps, evals = range(1, 101), range(25, 101, 25)
     with open(path, "w") as f:
-        for i in range(1, 101):
+        for i in steps:
             f.write(json.dumps({"iter": i, "loss": 4 * math.exp(-i / 30) + 1, "seconds": i / 10}) + "\n")
-            if i % 25 == 0:
-                f.write(json.dumps({"iter": i, "train_loss": 4 * math.exp(-i / 30) + 1,
+            if i in evals:
+                f.write(json.dumps({"iter": i, "train_loss": 4 * math.exp(-i / 30) + 1.1,
                                     "val_loss": 4 * math.exp(-i / 30) + 1.2, "seconds": i / 10}) + "\n")
     plot_losses(str(path), str(tmp_path / "loss.png"))
     assert_picture(tmp_path / "loss.png", (1000, 350))
+    by_iter, by_seconds = drawn_figures[0].axes
+    for ax, x in ((by_iter, lambda i: i), (by_seconds, lambda i: i / 10)):  # each curve, point for point
+        drawn = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()]
+        assert drawn == [([x(i) for i in steps], [4 * math.exp(-i / 30) + 1 for i in steps]),
+                         ([x(i) for i in evals], [4 * math.exp(-i / 30) + 1.1 for i in evals]),
+                         ([x(i) for i in evals], [4 * math.exp(-i / 30) + 1.2 for i in evals])]
 
 
-def test_plot_attention_shows_the_causal_triangle(tmp_path):
+def test_plot_attention_shows_the_causal_triangle(tmp_path, drawn_figures):
     torch.manual_seed(0)
     T = 12
     scores = torch.randn(2, 3, T, T).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     weights = list(scores.softmax(-1))  # 2 layers of (3 heads, T, T)
     plot_attention(weights, list("ROMEO:\nBut s"), str(tmp_path / "attn.png"), layer=1, head=2)
     assert_picture(tmp_path / "attn.png", (1000, 500))
+    panels = [ax for ax in drawn_figures[0].axes if ax.get_images()]  # the grid, then the large one
+    shown = [torch.from_numpy(ax.get_images()[0].get_array().data) for ax in panels]
+    assert len(shown) == 2 * 3 + 1
+    for (i, j), picture in zip([(i, j) for i in range(2) for j in range(3)] + [(1, 2)], shown):
+        assert torch.equal(picture, weights[i][j]), (i, j)  # the triangle as computed: zero above the diagonal
 
 
 class LargestTensor(TorchDispatchMode):
