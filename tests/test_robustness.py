@@ -720,10 +720,12 @@ def test_ctrl_c_while_the_default_corpus_is_prepared_is_one_line(tmp_path):
         "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 
 
-def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path, data_dir, launch):
+@pytest.mark.parametrize("unwritable", [("metrics.jsonl", "loss.png"), ("loss.png",)], ids=["both", "picture"])
+def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path, data_dir, launch, unwritable):
     out = tmp_path / "out"
-    (out / "metrics.jsonl").mkdir(parents=True)  # neither side output can be written
-    (out / "loss.png").mkdir()
+    out.mkdir()
+    for name in unwritable:  # a folder in the way: the side output cannot be written
+        (out / name).mkdir()
     proc = launch("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=4",
                   "--eval_interval=2", "--log_interval=1")
     assert proc.returncode == 0, describe(proc)
