@@ -575,7 +575,7 @@ def train_step(state, wrapped_model, cfg, setup, multiplier):
     after the last), then clipping and the update, at `multiplier` times the peak learning rates.
     Returns the mean loss, on the device."""
     set_lr(state.optimizers, multiplier)
-    my_batches = state.batches.offsets(setup.accumulation_steps)[setup.rank::setup.world_size]
+    my_batches = state.batches.share(setup.accumulation_steps, setup.rank, setup.world_size)
     total = 0.0
     for i, offsets in enumerate(my_batches):
         x, y = state.batches.load(offsets)

@@ -81,6 +81,12 @@ class Batches:
         """(n_batches, batch_size) random start positions: one row per batch."""
         return torch.randint(len(self.data) - self.block_size, (n_batches, self.batch_size), generator=self.generator)
 
+    def share(self, n_batches, rank, world_size):
+        """One rank's share of a step's n_batches micro-batches: every world_size-th row of offsets,
+        from row rank. Every rank draws the same rows (the generator is seeded alike), so the ranks'
+        shares are disjoint and together are what one process would train on."""
+        return self.offsets(n_batches)[rank::world_size]
+
     def load(self, offsets):
         """Inputs x and next-token targets y, each (batch_size, block_size), read in one gather."""
         # each row: block_size + 1 tokens from its offset, the inputs and, one further along, the targets

@@ -99,13 +99,13 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
 
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
     data = torch.arange(1_000_000).numpy()
-    one, two = Batches(data, 8, 4, seed=0, device="cpu"), Batches(data, 8, 4, seed=0, device="cpu")
+    one, *ranks = (Batches(data, 8, 4, seed=0, device="cpu") for _ in range(3))  # one process; two ranks
     for _ in range(3):  # three optimizer steps of 4 micro-batches over 2 ranks
-        single = one.offsets(4)
-        shared = two.offsets(4)
-        rank0, rank1 = shared[0::2], shared[1::2]
+        single = one.share(4, 0, 1)
+        rank0, rank1 = (batches.share(4, r, 2) for r, batches in enumerate(ranks))
+        assert rank0.shape == rank1.shape == (2, 4)
         assert not set(rank0.flatten().tolist()) & set(rank1.flatten().tolist())
-        assert torch.equal(torch.cat([rank0, rank1]).sort(0).values, single.sort(0).values)
+        assert sorted(map(tuple, torch.cat([rank0, rank1]).tolist())) == sorted(map(tuple, single.tolist()))
 
 
 def agreements(schedule, seconds_per_iter, until_seconds):
