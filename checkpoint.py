@@ -56,6 +56,9 @@ def load_checkpoint(path, map_location="cpu"):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; else torch.load fails in its own ways
+        raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
+                         "a zip archive); train again, or point --out_dir at the run that wrote it")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
