@@ -93,12 +93,12 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     return model
 
 
-def check_resumable(checkpoint, path, cfg, meta, quiet=False):
+def check_resumable(checkpoint, path, cfg, meta):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
     trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
     the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
-    the same command line must resume. Prints a note (unless quiet) naming every other setting that
-    changed since, but NEUTRAL_SETTINGS."""
+    the same command line must resume. Returns a note naming every other setting that changed since,
+    but NEUTRAL_SETTINGS ("" if none did), for train.py to print once every check has passed."""
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
@@ -123,9 +123,8 @@ def check_resumable(checkpoint, path, cfg, meta, quiet=False):
            if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS
            and not (f.name in RESOLVED_SETTINGS and saved.get(f.name) == getattr(defaults, f.name))}
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
-    if changed and not quiet:
-        print(f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
-              "will not match an uninterrupted one")
+    return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
+            "will not match an uninterrupted one") if changed else ""
 
 
 RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's

@@ -171,15 +171,14 @@ def main(cfg):
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
     stop.watch_output()
     try:
-        error = None
+        error, note = None, ""
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             setup = set_up(cfg)
             data = load_data(cfg, setup)
             checkpoint = load_resume_point(cfg)
             cfg = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             if checkpoint is not None:
-                check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta,
-                                quiet=not setup.master or cfg.eval_only)  # its note is about training
+                note = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
@@ -188,7 +187,7 @@ def main(cfg):
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
                 torch.manual_seed(cfg.seed + setup.rank)
             if checkpoint is not None:
-                resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup)
+                resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)
                 del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
@@ -197,7 +196,7 @@ def main(cfg):
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         if cfg.init_from == "resume" and setup.master:
             print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} "
-                  f"at iteration {state.iter_num}")
+                  f"at iteration {state.iter_num}" + ("" if cfg.eval_only or not note else f"\n{note}"))
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
@@ -399,9 +398,9 @@ class TrainState:
     clock: Clock = field(default_factory=Clock)
 
 
-def resume_state(state, checkpoint, path, setup):
+def resume_state(state, checkpoint, path, setup, cfg):
     """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
-    this run's settings), scaler, progress and every RNG."""
+    this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train."""
     if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
         raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
                          "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
@@ -414,11 +413,16 @@ def resume_state(state, checkpoint, path, setup):
                 group.update(setting)
         state.scaler.load_state_dict(checkpoint["scaler"])
         set_rng_state(checkpoint["rng"], state.batches.generator, setup.rank)
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:  # fields of the wrong shape
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError,
+            AttributeError) as e:  # fields of the wrong shape
         raise ValueError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}): "
                          "resume cannot continue from it; start a new run") from None
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
+    if not cfg.eval_only and (state.iter_num >= cfg.max_iters or 0 < cfg.max_seconds <= state.clock.seconds()):
+        raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
+                         f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
+                         "train; raise them to train on, or evaluate it with --eval_only=true")
 
 
 def wrap_model(cfg, setup, model, optimizers):
@@ -525,8 +529,8 @@ def evaluate(model, data, cfg, setup, n_batches=None):
 def train(cfg, setup, data, state, wrapped_model, logger, stop):
     """The loop: evaluate and save every eval_interval iterations and at the end, take a step, log;
     stop at max_iters, at max_seconds of training, or on a signal."""
-    start_iter, elapsed = state.iter_num, state.clock.seconds()
-    out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds  # a resumed run may have none left
+    start_iter, elapsed, signum = state.iter_num, state.clock.seconds(), 0
+    out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
     agreements = AgreementSchedule(cfg.max_seconds)
     n_eval = evaluation_batches(state.model, data, cfg, setup)
     logger.open(state.iter_num)
@@ -534,15 +538,19 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     state.clock.start()
     while True:
         last = state.iter_num >= cfg.max_iters or out_of_time
-        if last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter):
-            fail_together(logger.nonfinite(state.iter_num), status=1)
-            with state.clock.paused():  # evaluating, saving and drawing are not training time
-                losses = evaluate(state.model, data, cfg, setup, n_eval)
-                state.best_val_loss = min(state.best_val_loss, losses["val"])
-                save(state, cfg, data.meta, setup, "evaluation", final=last)
-                logger.evaluation(state.iter_num, losses, elapsed)
+        due = last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter)
+        stopped = f"stopped by {signal.Signals(signum).name} after iteration {state.iter_num}" if signum else ""
+        if due:  # a stop right before an evaluation still makes it, as an uninterrupted run would
+            evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed,
+                              "evaluation" if last or not signum else stopped, final=last or bool(signum))
         if last:
             break
+        if signum:
+            if not due:
+                save(state, cfg, data.meta, setup, stopped, final=True)
+            if setup.master:
+                print(f"resume with: {relaunch_command([*sys.argv[1:], '--init_from=resume'])}")
+            sys.exit(128 + signum)
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)
         logger.add_loss(train_step(state, wrapped_model, cfg, setup, multiplier))
         state.iter_num += 1
@@ -557,17 +565,22 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         if logged:
             logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
         out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
-        if signum:
-            save(state, cfg, data.meta, setup, f"stopped by {signal.Signals(signum).name} after iteration "
-                                             f"{state.iter_num}", final=True)
-            if setup.master:
-                print(f"resume with: {relaunch_command([*sys.argv[1:], '--init_from=resume'])}")
-            sys.exit(128 + signum)
     if setup.master:
         print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; best val loss "
               f"{state.best_val_loss:.4f}; checkpoint {ckpt_path(cfg.out_dir)}; sample with: python sample.py "
               f"--out_dir={shlex.quote(cfg.out_dir)}")
     logger.close()
+
+
+def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, final):
+    """Evaluate on n_eval batches of each split, save the checkpoint (for `reason`) and log both losses;
+    the clock stops meanwhile: evaluating, saving and drawing are not training time."""
+    fail_together(logger.nonfinite(state.iter_num), status=1)
+    with state.clock.paused():
+        losses = evaluate(state.model, data, cfg, setup, n_eval)
+        state.best_val_loss = min(state.best_val_loss, losses["val"])
+        save(state, cfg, data.meta, setup, reason, final=final)
+        logger.evaluation(state.iter_num, losses, elapsed)
 
 
 def train_step(state, wrapped_model, cfg, setup, multiplier):

@@ -960,6 +960,13 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "model_config lacks vocab_size"]),
     Case("resume-iter_num-a-string", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
+    Case("resume-rng-torch-empty", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["rng"], "torch", []))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
+    Case("resume-rng-numpy-not-a-state", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["rng"], "numpy", [1, 2, 3]))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
+    Case("sample-checkpoint-a-text-file", lambda c: [(c.dir / "out").mkdir(), (c.dir / "out" / "ckpt.pt").write_text(
+        "hello world\n")] and sample_args(c, out=c.dir / "out"),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is not a checkpoint"]),
     Case("learning-rate-zero", lambda c: train_args(c, "--learning_rate=0"), lambda c: ["learning_rate", "positive"]),
     Case("resume-a-foreign-checkpoint", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: [ck.pop(k) for k in ("rng", "scaler", "trained_seconds")])), lambda c: ["lacks", "rng", "scaler"]),

@@ -7,6 +7,7 @@ REAL_SUBPROCESS=1 makes those plain subprocesses too). All run with OMP_NUM_THRE
 gains nothing from threads, and on a busy 2-core machine OpenMP's spinning threads make each step
 ~100x slower."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -184,7 +185,7 @@ def test_resuming_in_fp16_what_trained_without_loss_scaling_names_the_dtype_to_u
                         device="cpu", dtype=torch.float16)
     state = train.new_train_state(cfg, setup, model_from_checkpoint(checkpoint, "ckpt.pt"), np.zeros(64, np.uint16))
     with pytest.raises(ValueError, match=r"resume in the dtype it was trained in \(--dtype=bfloat16 or"):
-        train.resume_state(state, checkpoint, "ckpt.pt", setup)
+        train.resume_state(state, checkpoint, "ckpt.pt", setup, cfg)
 
 
 def test_resume_restores_the_clock_the_best_val_loss_and_the_grad_scaler(tmp_path, data_dir):
@@ -198,39 +199,86 @@ def test_resume_restores_the_clock_the_best_val_loss_and_the_grad_scaler(tmp_pat
     checkpoint.update(trained_seconds=5.0, best_val_loss=0.5, scaler=scaler.state_dict())
     setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
                         device="cpu", dtype=torch.float16)
-    state = train.new_train_state(tiny_config(data_dir, tmp_path), setup, model_from_checkpoint(checkpoint, "ckpt.pt"),
-                                  np.zeros(64, np.uint16))
-    train.resume_state(state, checkpoint, "ckpt.pt", setup)
+    cfg = tiny_config(data_dir, tmp_path)
+    state = train.new_train_state(cfg, setup, model_from_checkpoint(checkpoint, "ckpt.pt"), np.zeros(64, np.uint16))
+    train.resume_state(state, checkpoint, "ckpt.pt", setup, cfg)
     assert state.clock.seconds() == 5.0 and state.best_val_loss == 0.5
     assert state.scaler.state_dict() == scaler.state_dict()
 
 
-def test_resuming_a_run_that_used_up_its_max_seconds_takes_no_step(tmp_path, data_dir):
-    """As a run that reached max_iters: resumed with the same settings, it evaluates and saves, and trains
-    no further (its weights, still in warm-up, would change with a step)."""
+def interrupted_run(cfg, monkeypatch, at):
+    """train.main(cfg), sent SIGINT during its step to iteration `at` (as a Ctrl-C then would be): it
+    finishes the step, saves and exits with 128 + SIGINT."""
+    import signal
+    import train
+    real = train.train_step
+
+    def step(state, *args):
+        if state.iter_num + 1 == at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(state, *args)
+    monkeypatch.setattr(train, "train_step", step)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(cfg)
+    monkeypatch.setattr(train, "train_step", real)
+    assert stopped.value.code == 128 + signal.SIGINT and load(Path(cfg.out_dir) / "ckpt.pt")["iter_num"] == at
+
+
+def test_a_stop_right_before_an_evaluation_keeps_it(tmp_path, data_dir, monkeypatch):
+    """Stopped in the step that ends at an evaluation's iteration, a run evaluates before it saves, as an
+    uninterrupted one would, and the resumed run's record and checkpoint match the uninterrupted run's."""
     import dataclasses
     import train
-    cfg = tiny_config(data_dir, tmp_path, compile=False, max_seconds=0.5, max_iters=10**9, eval_interval=10**9)
+    cfg = tiny_config(data_dir, tmp_path / "A", compile=False, max_iters=4, eval_interval=2, dropout=0.1)
     train.main(cfg)
-    done = load(tmp_path / "ckpt.pt")
-    assert done["trained_seconds"] >= 0.5
-    train.main(dataclasses.replace(cfg, init_from="resume"))
-    resumed = load(tmp_path / "ckpt.pt")
-    assert resumed["iter_num"] == done["iter_num"]
-    assert all(torch.equal(resumed["model"][name], done["model"][name]) for name in done["model"])
+    stopped = dataclasses.replace(cfg, out_dir=str(tmp_path / "B"))
+    interrupted_run(stopped, monkeypatch, at=2)
+    assert load(tmp_path / "B" / "ckpt.pt")["best_val_loss"] < float("inf"), "the evaluation at 2 was made"
+    train.main(dataclasses.replace(stopped, init_from="resume"))
+    evaluations = [[(r["iter"], r["train_loss"], r["val_loss"]) for r in metrics(tmp_path / d) if "val_loss" in r]
+                   for d in "AB"]
+    assert evaluations[0] == evaluations[1] and [e[0] for e in evaluations[0]] == [2, 4], evaluations
+    a, b = (load(tmp_path / d / "ckpt.pt") for d in "AB")
+    assert a["best_val_loss"] == b["best_val_loss"]
+    assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
 
 
-def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, data_dir, capsys):
+@pytest.mark.parametrize("limit", ["max_iters", "max_seconds"])
+def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys, limit):
+    """A run that reached max_iters or max_seconds, resumed with the same settings, has nothing to train:
+    one line before anything is written (it evaluated and saved again, and its record held that
+    evaluation twice); --eval_only=true still evaluates it, and a higher limit trains on."""
+    import dataclasses
+    import train
+    cfg = tiny_config(data_dir, tmp_path, compile=False, eval_interval=10**9,
+                      **(dict(max_iters=3) if limit == "max_iters" else dict(max_seconds=0.5, max_iters=10**9)))
+    train.main(cfg)
+    files, done = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "metrics.jsonl")}, load(tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        train.main(dataclasses.replace(cfg, init_from="resume"))
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1 and "nothing is left to train" in err, err
+    assert {name: (tmp_path / name).read_bytes() for name in files} == files
+    train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True))
+    assert "val loss" in capsys.readouterr().out
+    more = dict(max_iters=4) if limit == "max_iters" else dict(max_seconds=1.0)
+    train.main(dataclasses.replace(cfg, init_from="resume", **more))
+    assert load(tmp_path / "ckpt.pt")["iter_num"] > done["iter_num"]
+
+
+def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, data_dir, capsys, monkeypatch):
     """Every setting but the model's (which must stay) and checkpoint.NEUTRAL_SETTINGS (where the run
     writes, what it shows, how its arithmetic is spread) changes what a run trains: a resumed run names
     each one that changed. Settings whose 0 or auto means something (gradient_accumulation_steps, dtype)
     are compared as the run resolved them."""
     import train
     from checkpoint import NEUTRAL_SETTINGS
-    cfg = dict(compile=False, max_iters=2, eval_interval=2)
-    train.main(tiny_config(data_dir, tmp_path, **cfg))
+    cfg = dict(compile=False, max_iters=4, eval_interval=2)
+    interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     capsys.readouterr()
-    train.main(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1))
+    interrupted_run(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1),
+                    monkeypatch, at=3)
     assert "note:" not in capsys.readouterr().out, "gradient_accumulation_steps=0 meant 1 in the first run"
     neutral = dict(seed=7, log_interval=1, eval_iters=2, threads=1, eval_interval=3)
     assert set(neutral) <= set(NEUTRAL_SETTINGS)
@@ -243,14 +291,15 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     assert not any(f"{name} " in note for name in neutral), note
 
 
-def test_a_checkpoint_of_older_code_resumes_without_naming_changes_that_did_not_happen(tmp_path, data_dir, capsys):
+def test_a_checkpoint_of_older_code_resumes_without_naming_changes_that_did_not_happen(tmp_path, data_dir, capsys,
+                                                                                      monkeypatch):
     """Before runs recorded what dtype="auto" and gradient_accumulation_steps=0 resolved to, checkpoints
     held the auto and the 0; and a setting newer than a checkpoint is missing from it (here grad_clip,
     read as its default). The same command line resumes such a checkpoint with no note."""
     import train
     from checkpoint import save_checkpoint
-    cfg = dict(compile=False, max_iters=2, eval_interval=2)
-    train.main(tiny_config(data_dir, tmp_path, **cfg))
+    cfg = dict(compile=False, max_iters=4, eval_interval=2)
+    interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     checkpoint = load(tmp_path / "ckpt.pt")
     checkpoint["config"].update(dtype="auto", gradient_accumulation_steps=0)
     del checkpoint["config"]["grad_clip"]
