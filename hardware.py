@@ -104,9 +104,13 @@ def pick_threads(n, processes_here=1):
     if n:
         return n
     from_environment = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if from_environment.isdigit() and int(from_environment) > 0:
-        check_threads(int(from_environment), "OMP_NUM_THREADS")
-        return int(from_environment)
+    if from_environment:  # OpenMP's form: a list of positive integers, one per nesting level; the first is ours
+        first = from_environment.split(",")[0].strip()
+        if not (first.isdigit() and int(first) > 0):
+            raise ValueError(f"OMP_NUM_THREADS={from_environment!r} is not a number of threads; set it to a "
+                             "positive integer (OMP_NUM_THREADS=2), or unset it to use every CPU this process may use")
+        check_threads(int(first), "OMP_NUM_THREADS")
+        return int(first)
     return max(1, usable_cpus() // processes_here)
 
 

@@ -1136,6 +1136,13 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
         pick_threads(13)  # thousands crash the process
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert pick_threads(0) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1,1")  # OpenMP's nested levels: the outer one is torch's
+    assert pick_threads(0) == 1
+    for bad in ("abc", "0", "-1", "2.5", ",2"):  # OpenMP would ignore these with a warning, torch take 3
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match=rf"^OMP_NUM_THREADS='{re.escape(bad)}' is not a number of threads; "
+                                             r"set it to a positive integer"):
+            pick_threads(0)
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")  # torch.set_num_threads(100000) segfaults
     with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*or unset it"):
         pick_threads(0)
