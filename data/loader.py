@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from data.prepare import TOKEN_DTYPE
+from data.prepare import TOKEN_DTYPE, prepare_command
 from data.tokenizer import tokenizer_from_meta
 
 
@@ -17,8 +17,7 @@ def load_meta(data_dir):
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
         raise ValueError(f"no meta.json in {data_dir}: it was never prepared or the preparation was "
-                         f"interrupted; run `python data/prepare.py` (Shakespeare) or "
-                         f"`python data/prepare.py --input=FILE --out_dir={data_dir}`")
+                         f"interrupted; run `{prepare_command(data_dir)}`")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
@@ -31,7 +30,7 @@ def load_meta(data_dir):
             raise ValueError("its splits are not {name: {tokens, largest_id}} with integer values")
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
         why = f"it has no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise ValueError(f"{path} is damaged ({why}); prepare the data again with `python data/prepare.py`") from None
+        raise ValueError(f"{path} is damaged ({why}); prepare the data again with `{prepare_command(data_dir)}`") from None
     return meta
 
 

@@ -52,6 +52,17 @@ SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which trai
 SHAKESPEARE_DIRS = {("char", "all"): SHAKESPEARE_CHAR_DIR, ("char", "tiny"): "data/tiny_shakespeare",
                     ("gpt2", "all"): "data/shakespeare", ("gpt2", "tiny"): "data/tiny_shakespeare_gpt2"}
 
+
+def prepare_command(data_dir):
+    """The command that prepares data_dir: for one of SHAKESPEARE_DIRS the flags that make it, for any
+    other the form that prepares a text file there."""
+    for (tokenizer, plays), path in SHAKESPEARE_DIRS.items():
+        if os.path.normpath(data_dir) == os.path.normpath(path):
+            flags = (" --tokenizer=gpt2" if tokenizer == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
+            return f"python data/prepare.py{flags}"
+    return f"python data/prepare.py --input=FILE --out_dir={data_dir}"
+
+
 VAL_FRACTION = 0.1
 MIN_SPLIT_TOKENS = 2  # a split needs at least one (input, target) pair
 

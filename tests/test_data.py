@@ -313,6 +313,27 @@ def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
 
 # --- reading a data dir ----------------------------------------------------------------------
 
+@pytest.mark.parametrize("data_dir, command", [
+    ("data/shakespeare", "python data/prepare.py --tokenizer=gpt2"),  # the fine-tuning config's
+    ("data/shakespeare_char/", "python data/prepare.py"),
+    ("data/tiny_shakespeare_gpt2", "python data/prepare.py --tokenizer=gpt2 --plays=tiny"),
+    ("my_corpus", "python data/prepare.py --input=FILE --out_dir=my_corpus")])
+def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
+    monkeypatch.chdir(tmp_path)  # where none of them is prepared
+    with pytest.raises(ValueError, match=rf"never prepared .*; run `{re.escape(command)}`$"):
+        load_meta(data_dir)
+
+
+def test_the_command_named_for_each_shakespeare_dir_prepares_that_dir(tmp_path, monkeypatch):
+    from configurator import load_config
+    from data.prepare import prepare, prepare_command
+    monkeypatch.chdir(tmp_path)
+    made = []
+    monkeypatch.setattr(data.prepare, "_prepare_source", lambda cfg, tokenizer, out_dir: made.append(out_dir))
+    for path in SHAKESPEARE_DIRS.values():
+        prepare(load_config(PrepareConfig, prepare_command(path).split()[2:]))
+    assert made == [os.path.normpath(path) for path in SHAKESPEARE_DIRS.values()]
+
 def test_open_split_errors(tmp_path):
     with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         open_split(str(tmp_path / "nowhere"), "train")
