@@ -173,6 +173,8 @@ def check_out_dir(out_dir, resuming, overwrite):
     unless told to, out_dir can be written (a 1 MiB probe: not full, not read-only), and it is
     this run's alone (lock_out_dir)."""
     path = ckpt_path(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"out_dir={out_dir!r} is a file, not a folder; pick another --out_dir")
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, not a checkpoint; move it away or pick another --out_dir")
     if not resuming and not overwrite and os.path.exists(path):

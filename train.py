@@ -319,12 +319,12 @@ def load_resume_point(cfg):
 def as_run(cfg, setup, checkpoint):
     """cfg with what its 0s and auto mean in this run: n_embd=0 this machine's width (with_machine_width),
     or a resumed run's, so that the same command line resumes on another CPU; dtype and
-    gradient_accumulation_steps as set_up resolved them."""
+    gradient_accumulation_steps as set_up resolved them; data_dir in one spelling (data/x/ is data/x)."""
     saved_width = checkpoint["config"].get("n_embd") if checkpoint is not None else None
     if not cfg.n_embd and isinstance(saved_width, int) and saved_width > 0:  # else the machine's
         cfg = replace(cfg, n_embd=saved_width)
     return replace(with_machine_width(cfg, setup.device_type), dtype=dtype_name(setup.dtype),
-                   gradient_accumulation_steps=setup.accumulation_steps)
+                   gradient_accumulation_steps=setup.accumulation_steps, data_dir=os.path.normpath(cfg.data_dir))
 
 
 def build_model(cfg, meta, checkpoint, setup):

@@ -944,6 +944,8 @@ CASES = [
          lambda c: [str(c.dir / "data" / "meta.json"), "splits"]),
     Case("init_from-misspelled", lambda c: train_args(c, "--init_from=resum"),
          lambda c: ["init_from='resum'", "scratch, resume"]),
+    Case("out_dir-is-a-file", lambda c: [(c.dir / "out").write_text("notes\n")] and train_args(c),
+         lambda c: [f"out_dir='{c.dir / 'out'}' is a file, not a folder"]),
     Case("checkpoint-path-is-a-directory", lambda c: (c.dir / "out" / "ckpt.pt").mkdir(parents=True) or train_args(
         c, "--overwrite=true"), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is a directory, not a checkpoint"]),
     Case("resume-rng-without-batches", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(

@@ -272,13 +272,15 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     writes, what it shows, how its arithmetic is spread) changes what a run trains: a resumed run names
     each one that changed. Settings whose 0 or auto means something (gradient_accumulation_steps, dtype)
     are compared as the run resolved them."""
+    import dataclasses
     import train
     from checkpoint import NEUTRAL_SETTINGS
     cfg = dict(compile=False, max_iters=4, eval_interval=2)
     interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     capsys.readouterr()
-    interrupted_run(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1),
-                    monkeypatch, at=3)
+    same = dataclasses.replace(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1),
+                               data_dir=f"{data_dir}{os.sep}")  # the same directory, spelt another way
+    interrupted_run(same, monkeypatch, at=3)
     assert "note:" not in capsys.readouterr().out, "gradient_accumulation_steps=0 meant 1 in the first run"
     neutral = dict(seed=7, log_interval=1, eval_iters=2, threads=1, eval_interval=3)
     assert set(neutral) <= set(NEUTRAL_SETTINGS)
