@@ -171,7 +171,7 @@ def main(cfg):
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
     stop.watch_output()
     try:
-        error, note = None, ""
+        error, note, model = None, "", None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             setup = set_up(cfg)
             data = load_data(cfg, setup)
@@ -207,7 +207,7 @@ def main(cfg):
         fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
     except RuntimeError as e:  # torch.OutOfMemoryError is one too
         if ran_out_of_memory(e):
-            fail_alone(out_of_memory(cfg, e), status=1)
+            fail_alone(out_of_memory(cfg, e, building=model is None), status=1)
         stop_if_a_peer_is_gone(e)
         raise
     finally:
@@ -670,14 +670,18 @@ def ran_out_of_memory(error):
     return isinstance(error, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(error)
 
 
-def out_of_memory(cfg, error):
-    """The line for a run whose model and micro-batches do not fit in its device's memory."""
+def out_of_memory(cfg, error, building=False):
+    """The line for a run whose model (while building it), or model and micro-batches, do not fit in
+    its device's memory."""
     path = ckpt_path(cfg.out_dir)
     kept = f"the last checkpoint, {path}, is kept" if os.path.exists(path) else "nothing was saved"
     # torch's first words, "CUDA out of memory"; a CPU's allocator says more about itself than about memory
     said = "out of memory"
     if isinstance(error, torch.OutOfMemoryError):
         said = str(error).split(". ")[0].split(" (")[0][:80]
+    if building:
+        return (f"{said} while building the model (n_layer={cfg.n_layer}, n_embd={cfg.n_embd}, or the weights of "
+                f"init_from={cfg.init_from}): it does not fit in this machine's memory; make it smaller; {kept}")
     return (f"{said} with micro-batches of batch_size={cfg.batch_size} x "
             f"block_size={cfg.block_size} tokens; halve --batch_size and double --gradient_accumulation_steps "
             f"(now {cfg.gradient_accumulation_steps}) to keep the batch, or lower --block_size; {kept}")

@@ -709,6 +709,20 @@ def test_running_out_of_memory_while_compiling_is_not_a_compile_failure(tmp_path
     assert out.err.endswith("; nothing was saved\n") and not (tmp_path / "ckpt.pt").exists()
 
 
+def test_running_out_of_memory_while_building_the_model_says_so(tmp_path, data_dir, monkeypatch, capsys):
+    """Before any batch exists, halving the batch cannot help: the line is about the model."""
+    import train
+
+    def too_large(*args, **kwargs):
+        raise RuntimeError(CPU_OOM)
+
+    monkeypatch.setattr(train, "GPT", too_large)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, n_embd=16), capsys)
+    assert status == 1 and out.err == ("error: out of memory while building the model (n_layer=1, n_embd=16, or the "
+                                       "weights of init_from=scratch): it does not fit in this machine's memory; "
+                                       "make it smaller; nothing was saved\n"), out.err
+
+
 def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
     """Run where `data` is a file: the default corpus cannot be prepared in data/shakespeare_char."""
     import train
