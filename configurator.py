@@ -153,6 +153,8 @@ def load_config(cls, argv):
                 table = tomllib.load(f)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML files are UTF-8
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
+        except OSError as e:  # no permission to read it, say
+            raise ConfigError(f"cannot read config file {path!r}: {e.strerror or e}") from None
         for key, value in table.items():
             check_key(key, path)
             values[key] = convert(key, hints[key], value, from_text=False)

@@ -927,6 +927,18 @@ def test_toml_that_is_not_utf8(tmp_path, TrainConfig):
         load_config(TrainConfig, [str(path)])
 
 
+def test_config_file_that_cannot_be_read(tmp_path, TrainConfig, monkeypatch):
+    import configurator
+    path = toml(tmp_path, "n_layer = 2\n")
+
+    def no_permission(*args, **kwargs):  # as a chmod 000 file is to anyone but root, who runs the tests here
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(configurator, "open", no_permission, raising=False)
+    with pytest.raises(ConfigError, match=rf"^cannot read config file '{re.escape(path)}': Permission denied$"):
+        load_config(TrainConfig, [path])
+
+
 def test_flag_without_equals(TrainConfig):
     with pytest.raises(ConfigError, match="--key=value"):
         load_config(TrainConfig, ["--compile"])
