@@ -164,9 +164,10 @@ class MetricsLog:
 
     def warn(self, error):
         if not self.warned:
+            said = "; ".join(line.strip() for line in str(getattr(error, "strerror", None) or error).splitlines()
+                             if line.strip())[:300]  # one line: wandb's settings errors take several
             print(f"warning: could not record the metrics (metrics.jsonl, loss.png or wandb) in "
-                  f"{os.path.dirname(self.path)}: {getattr(error, 'strerror', None) or error}; training and "
-                  "checkpoints go on")
+                  f"{os.path.dirname(self.path)}: {said}; training and checkpoints go on")
             self.warned = True
 
     def write(self, record):
@@ -204,7 +205,8 @@ def start_wandb(project, name, config, warn):
         warn(e)
         return None
     if mode == "offline":
-        print("wandb: no API key found, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
+        why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no API key found"
+        print(f"wandb: {why}, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
     return wandb
 
 

@@ -1112,6 +1112,27 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
 
 
+def test_wandb_with_a_bad_mode_warns_in_one_line(tmp_path, monkeypatch, capsys):
+    from log import MetricsLog
+    monkeypatch.setenv("WANDB_MODE", "bogus")  # wandb's own settings check: several lines of pydantic's
+    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log.close()
+    out = capsys.readouterr().out
+    assert out.startswith("warning: could not record the metrics") and out.count("\n") == 1, out
+    assert "'offline'" in out, out
+
+
+def test_wandb_offline_by_its_mode_does_not_say_the_key_is_missing(tmp_path, monkeypatch, capsys):
+    from log import MetricsLog
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log.close()
+    out = capsys.readouterr().out
+    assert "wandb: WANDB_MODE=offline, logging offline" in out and "no API key" not in out, out
+
+
 def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     from log import MetricsLog
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` meets where it is not installed
