@@ -211,7 +211,9 @@ class GPT(nn.Module):
                generator=None, vocab_size=None):
         """Yield (B, 1) new tokens one at a time, each conditioned on idx (B, T) and those before it.
         Past block_size the window jumps forward by half a block, the same rule with or without the
-        cache, so both give the same tokens and the cache is rebuilt only once per half block.
+        cache, so both compute the same logits and the cache is rebuilt only once per half block. (In
+        fp32 they give the same tokens; in bf16 the fused kernels round a single query differently from
+        a whole window, so a long sample may part ways where two tokens are nearly tied.)
         vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
         vocabulary was padded: the others never occur in the data)."""
         check_sampling(temperature, top_k, top_p)

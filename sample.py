@@ -45,10 +45,10 @@ class SampleConfig:
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
     seed: int = 1337  # the same seed gives the same samples
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype: DType = "auto"  # the weights' precision; auto: bf16/fp16 on GPUs, bf16 on CPUs for models beyond the cache
+    dtype: DType = "auto"  # the weights' precision; auto: bf16/fp16 on GPUs, bf16 on CPUs that have it for models beyond the cache, else fp32
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # the attention backend to run the model with (none: as trained; a map: manual)
-    use_kv_cache: bool = True  # false: recompute the whole context for every token (same tokens, slower)
+    use_kv_cache: bool = True  # false: recompute the whole context for every token (slower; the same tokens in fp32)
     compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once, later ~10-25 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
     attention_layer: int = 0  # the layer drawn large in the attention map
