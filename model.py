@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass, fields
 from typing import Literal, get_args, get_origin
 
@@ -248,7 +249,7 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, **overrides):
         """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
-        or pytorch_model.bin, as save_pretrained writes) or a hub name (gpt2, gpt2-medium, ...).
+        or pytorch_model.bin, whole or sharded, as save_pretrained writes) or a hub name (gpt2, ...).
         `overrides` may set what leaves the weights' meaning as it is: RUNTIME_SETTINGS."""
         fixed = sorted(set(overrides) - set(RUNTIME_SETTINGS))
         if fixed:
@@ -379,20 +380,48 @@ def download_from_hub(name):
 
 
 def load_hf_state_dict(directory):
-    """The tensors of model.safetensors (or else pytorch_model.bin); a ValueError naming the file
-    when it cannot be read as weights (a torn download, another format)."""
-    from safetensors import SafetensorError
+    """The tensors of model.safetensors (or else pytorch_model.bin), whole or in the shards that its
+    index (model.safetensors.index.json, ...) lists, as save_pretrained writes a large model; a
+    ValueError naming the file when one cannot be read as weights (a torn download, another format)."""
     from safetensors.torch import load_file
-    for name, load in (("model.safetensors", load_file),
-                       ("pytorch_model.bin", lambda p: torch.load(p, map_location="cpu", weights_only=True))):
+    for name, load in (("model.safetensors", load_file), ("pytorch_model.bin", load_torch_weights)):
         path = os.path.join(directory, name)
         if os.path.exists(path):
-            try:
-                tensors = load(path)
-            except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-                raise ValueError(f"{path} cannot be read as weights ({type(e).__name__}: "
-                                 f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
-            if not isinstance(tensors, dict):
-                raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
+            return read_weights(path, load)
+        if os.path.exists(path + ".index.json"):
+            tensors = {}
+            for shard in shard_names(path + ".index.json"):
+                tensors.update(read_weights(os.path.join(directory, shard), load))
             return tensors
-    raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin")
+    raise ValueError(f"{directory} holds neither model.safetensors nor pytorch_model.bin (whole, or in shards "
+                     "with an .index.json)")
+
+
+def load_torch_weights(path):
+    if not zipfile.is_zipfile(path):  # torch.save's format; torch.load fails on others in its own ways
+        raise OSError("not a zip archive, as torch.save writes")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_weights(path, load):
+    """load(path): named tensors; a ValueError naming the file if it cannot be read as such."""
+    from safetensors import SafetensorError
+    try:
+        tensors = load(path)
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
+        raise ValueError(f"{path} cannot be read as weights ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
+    if not isinstance(tensors, dict):
+        raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
+    return tensors
+
+
+def shard_names(index_path):
+    """The files a sharded checkpoint's index maps its tensors to, each once."""
+    try:
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        return sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index_path} is not an index of weight files ({type(e).__name__}: {e}); download the "
+                         "model again") from None

@@ -439,6 +439,37 @@ def test_a_hub_model_with_only_pytorch_model_bin_says_to_pass_a_local_directory(
         torch.testing.assert_close(GPT.from_pretrained(str(repo)).eval()(idx)[0], expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+def test_from_pretrained_reads_sharded_weights(hf_gpt2, tmp_path, safe):
+    """save_pretrained splits a model larger than max_shard_size into files listed by an index (and
+    transformers before 5 wrote pytorch_model-0000N-of-0000M.bin files the same way)."""
+    directory, idx, expected, hf = hf_gpt2
+    if safe:
+        hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    else:
+        (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
+        names = list(hf.state_dict())
+        halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+        for file, part in halves.items():
+            torch.save({name: hf.state_dict()[name] for name in part}, tmp_path / file)
+        (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {name: file for file, part in halves.items() for name in part}}))
+    index = "model.safetensors.index.json" if safe else "pytorch_model.bin.index.json"
+    assert len(set(json.loads((tmp_path / index).read_text())["weight_map"].values())) > 1
+    with torch.no_grad():
+        logits, _ = GPT.from_pretrained(str(tmp_path)).eval()(idx)
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("content", [b"junk\n", b"abc", b""], ids=["text", "three bytes", "empty"])
+def test_from_pretrained_names_a_pytorch_model_bin_that_is_not_weights(hf_gpt2, tmp_path, content):
+    directory, *_ = hf_gpt2
+    (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
+    (tmp_path / "pytorch_model.bin").write_bytes(content)  # torch.load itself: KeyError, IndexError tracebacks
+    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(OSError: not a zip archive"):
+        GPT.from_pretrained(str(tmp_path))
+
+
 def test_from_pretrained_directory_without_weights_fails_clearly(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         dict(vocab_size=100, n_positions=64, n_layer=2, n_head=4, n_embd=32)))
