@@ -40,6 +40,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
                              resolve_device, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from data.loader import Batches, open_split
+from train import TrainConfig
 
 
 @dataclass
@@ -73,6 +74,10 @@ class RecipeBench:
             raise ValueError(f"eval_block_size must be >= 0, got {self.eval_block_size}")
         if self.run_timeout < 0:
             raise ValueError(f"run_timeout must be >= 0 (0: 3 * max_seconds + 300), got {self.run_timeout}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0: leave OMP_NUM_THREADS unset), got {self.threads}")
+        if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):
+            raise ValueError(f"work_dir={self.work_dir!r} is a file, not a folder; pick another path")
         try:
             shlex.split(self.train_args)
         except ValueError as e:  # an unclosed quote, say
@@ -262,6 +267,11 @@ def main(cfg):
     seeds = split_list(cfg.seeds, "seeds", int)
     if len(set(seeds)) < len(seeds):  # a repeat would run into the first one's out_dir
         fail(f"seeds={cfg.seeds} repeats a seed; give each once (each seed runs once per config)")
+    for seed in seeds:  # train.py's own check of a seed, before any run trains
+        try:
+            TrainConfig(seed=seed)
+        except ValueError as e:
+            fail(f"seeds={cfg.seeds}: {e}")
     device = resolve_device(cfg.device)
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs

@@ -114,8 +114,8 @@ class SampleBench:
         for name in ("max_new_tokens", "prompt_len", "repeats", *SHAPE):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.profile < 0:
-            raise ValueError(f"profile must be >= 0, got {self.profile}")
+        if self.profile < 0 or self.warmup_tokens < 0:
+            raise ValueError(f"profile and warmup_tokens must be >= 0, got {self.profile} and {self.warmup_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.block_size is not None and self.block_size < 1:

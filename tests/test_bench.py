@@ -185,6 +185,10 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--train_args='oops", "train_args=\"'oops\" cannot be split into flags"),
     ("bench/recipe.py", "--run_timeout=-1", "run_timeout must be >= 0"),
     ("bench/recipe.py", "--seeds=1,1", "seeds=1,1 repeats a seed"),
+    ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
+    ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
+    ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
+    ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be >= 0"),
 ])
 def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
     proc = launch(script, flag, f"--out={tmp_path / 'x.json'}")
