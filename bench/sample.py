@@ -258,9 +258,10 @@ def profile_paths(cfg, generate, paths, device):
 
 def check_requirements(c, cfg, device_type, ratios):
     """The sampling goals (bench/README.md), each printed as holding or not, or as not applicable to this run."""
-    stated = dict(REFERENCE_DEFAULTS[cfg.reference], block_size=c.block_size, temperature=cfg.temperature)
+    stated = dict(REFERENCE_DEFAULTS[cfg.reference], block_size=c.block_size)
     as_stated = device_type == "cpu" and all(getattr(c, k) == v for k, v in stated.items() if k in SHAPE) \
-        and cfg.max_new_tokens >= stated["max_new_tokens"]
+        and cfg.max_new_tokens >= stated["max_new_tokens"] and cfg.temperature == stated["temperature"] \
+        and cfg.prompt_len == type(cfg).prompt_len  # at 0 generate takes the argmax, nanoGPT's loop samples
     block = REFERENCE_DEFAULTS["nanogpt"]["block_size"]
     goals = {"nanogpt": {"kv_cache_vs_no_cache": (REQUIRED_SPEEDUP, c.block_size >= REQUIRED_MIN_BLOCK,
                                                   f"block_size >= {REQUIRED_MIN_BLOCK}"),
@@ -273,7 +274,7 @@ def check_requirements(c, cfg, device_type, ratios):
     for name, (minimum, applies, condition) in goals[cfg.reference].items():
         r = requirements[name] = {"min": minimum, "value": ratios[name], "applies": as_stated and applies,
                                   "stated": condition, "holds": ratios[name] >= minimum}
-        shape = {k: REFERENCE_DEFAULTS[cfg.reference][k] for k in (*SHAPE, "max_new_tokens")}
+        shape = {k: REFERENCE_DEFAULTS[cfg.reference][k] for k in (*SHAPE, "max_new_tokens", "temperature")}
         verdict = holds_or_not(r["holds"]) if r["applies"] else \
             f"not applicable to this run (stated on a CPU for {shape}, {condition})"
         print(f"requirement {name} >= {minimum:.1f}x: {verdict}")

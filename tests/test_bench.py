@@ -25,6 +25,7 @@ def test_attention_bench_times_every_backend(launch, tmp_path):
                        "--n_head=2", "--repeats=1", "--min_sample_s=0", "--dtype=bfloat16", "--memory=false")
     assert result["flash_kernel"] == "pytorch"
     assert set(result["results"]) == {"manual", "sdpa", "flash"}
+    assert result["requirement"]["applies"] is False, "the memory goal is stated at the default shape, not this one"
     for backend, by_t in result["results"].items():
         assert set(by_t) == {"32", "64"}, backend
         for t, point in by_t.items():
@@ -120,6 +121,19 @@ def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
         # ops called inside other ops are counted once, in their caller's time: never more than the wall
         assert 0 < p["in_ops_ms"] <= p["token_ms"], (path, p)
         assert p["top_ops_us"] and all(op.startswith("aten::") for op in p["top_ops_us"]), (path, p)
+
+
+def test_sample_bench_goals_apply_only_where_they_are_stated():
+    """Against nanoGPT's loop the goal is stated sampling at temperature 1 from a one-token prompt: at 0
+    generate takes the argmax while nanoGPT's loop still samples, so a verdict there would not compare."""
+    from types import SimpleNamespace
+
+    from bench.sample import SampleBench, check_requirements
+    c = SimpleNamespace(n_layer=4, n_head=4, n_embd=128, block_size=64)  # nanoGPT's CPU model
+    ratios = {"kv_cache_vs_no_cache": 4.0, "kv_cache_vs_nanogpt": 3.5}
+    assert check_requirements(c, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
+    for change in (dict(temperature=0.0), dict(prompt_len=60), dict(max_new_tokens=50)):
+        assert not check_requirements(c, SampleBench(**change), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"], change
 
 
 @pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),
