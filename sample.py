@@ -99,7 +99,7 @@ def main(cfg):
         if cfg.attention_map:
             check_writable(cfg.attention_map)
         prompt = read_prompt(cfg.start)
-        ids = tokenizer.encode(prompt)
+        ids = encode_prompt(tokenizer, prompt, cfg.start == type(cfg).start)
         if not ids:
             raise ValueError("the prompt is empty; give at least one character with --start=...")
         check_fits(model, cfg, len(ids), device, dtype)
@@ -270,6 +270,17 @@ def continuation(model, tokenizer, ids, cfg):
         if not given and "\n" in tokenizer.decode(new[-1:]) and tokenizer.decode(new).strip():
             break
     return new
+
+
+def encode_prompt(tokenizer, prompt, default):
+    """The prompt's token ids; a ValueError that says what to give --start when the model's vocabulary
+    lacks a character of it (the default prompt too, for a model of a text without newlines)."""
+    try:
+        return tokenizer.encode(prompt)
+    except ValueError as e:
+        which = "the default prompt, a newline" if default else "--start"
+        raise ValueError(f"{e} ({which}); give --start=... with characters of the text the model was trained on") \
+            from None
 
 
 def write_samples(model, tokenizer, prompt, ids, cfg):

@@ -1040,7 +1040,7 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "not loaded"],
          extra=lambda c: not (c.dir / "payload-ran").exists() or pytest.fail("the pickled payload ran")),
     Case("sample-prompt-outside-vocab", lambda c: sample_args(c, f"--start=All{OUTSIDE}"),
-         lambda c: ["vocabulary", *(repr(ch) for ch in OUTSIDE)]),
+         lambda c: ["vocabulary", *(repr(ch) for ch in OUTSIDE), "(--start); give --start=... with characters"]),
     Case("sample-top_p-0", lambda c: sample_args(c, "--top_p=0"), lambda c: ["top_p"]),
     Case("sample-top_p-1.5", lambda c: sample_args(c, "--top_p=1.5"), lambda c: ["top_p", "1.5"]),
     Case("sample-temperature-negative", lambda c: sample_args(c, "--temperature=-1"), lambda c: ["temperature"]),
