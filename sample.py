@@ -39,7 +39,7 @@ class SampleConfig:
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
     start: str = "\n"  # the prompt, or FILE:path to read it from a file
     num_samples: int = 2  # how many samples, drawn together as one batch
-    max_new_tokens: Optional[int] = None  # tokens to write per sample (none: 500; for an .html map: to the line's end)
+    max_new_tokens: Optional[int] = None  # tokens to write per sample (none: 500; an .html map: to the line end)
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
     top_k: Optional[int] = 200  # sample only from the k most likely tokens (none: all)
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
@@ -252,7 +252,8 @@ def draw_attention(model, tokenizer, ids, cfg):
     weights = [w[0] for w in model.attention_weights(torch.tensor([ids], device=device))]  # per layer (nh, T, T)
     plot_attention(weights, [tokenizer.decode([i]) for i in ids], cfg.attention_map, cfg.attention_layer,
                    cfg.attention_head)
-    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
+    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens"
+          + (" (a picture shows the prompt alone: --max_new_tokens is for an .html map)" if cfg.max_new_tokens else ""))
 
 
 def continuation(model, tokenizer, ids, cfg):

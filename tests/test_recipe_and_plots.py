@@ -251,8 +251,10 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     proc = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:\nBut soft", f"--attention_map={png}",
                   "--attention_layer=1", "--attention_head=1")
     assert proc.returncode == 0, proc.stderr
-    assert "2 layers x 2 heads over 15 tokens" in proc.stdout
+    assert "2 layers x 2 heads over 15 tokens\n" in proc.stdout
     assert_picture(png, (1000, 500))
+    asked = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:", f"--attention_map={png}", "--max_new_tokens=50")
+    assert "over 6 tokens (a picture shows the prompt alone: --max_new_tokens is for an .html map)" in asked.stdout
     bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
     assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
 
