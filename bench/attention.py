@@ -128,6 +128,8 @@ def proc_kb(path, field):
 def single(cfg):
     """Child: one (backend, T) point. Prints one JSON line: peak bytes over the baseline and seconds."""
     backend, _, t = cfg.single.partition(":")
+    if backend not in BACKENDS or not t.isdigit() or int(t) < 1:
+        fail(f"single={cfg.single!r}: give BACKEND:T, a backend of {', '.join(BACKENDS)} and T >= 1 (e.g. manual:1024)")
     T = int(t)
     device = resolve_device(cfg.device)
     set_threads(cfg.threads)

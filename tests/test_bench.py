@@ -203,6 +203,7 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
     ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be >= 0"),
+    ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
 ])
 def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
     proc = launch(script, flag, f"--out={tmp_path / 'x.json'}")
