@@ -18,7 +18,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from files import atomic_write
+from files import atomic_write, load_torch_file
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
@@ -56,11 +56,11 @@ def load_checkpoint(path, map_location="cpu"):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; else torch.load fails in its own ways
-        raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
-                         "a zip archive); train again, or point --out_dir at the run that wrote it")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return load_torch_file(path, map_location)
+    except ValueError:
+        raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
+                         "a zip archive); train again, or point --out_dir at the run that wrote it") from None
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path} contains Python objects that are not plain data or tensors, so it was not "
                          f"loaded (weights_only=True keeps a checkpoint from running code): {str(e).splitlines()[-1]}") from None

@@ -1,12 +1,15 @@
 """
 Writing a file so that a crash at any moment leaves the old file or the new one, never half of one:
 checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
-out, before the work, whether a file can be written at all; and reading a text file a user named, with
-errors that say which flag named it and what to give instead.
+out, before the work, whether a file can be written at all; reading a text file a user named, with
+errors that say which flag named it and what to give instead; and reading back what torch.save wrote.
 """
 import glob
 import os
 import tempfile
+import zipfile
+
+import torch
 
 
 def atomic_write(path, write):
@@ -95,3 +98,13 @@ def read_text_file(path, flag):
                          "saved as UTF-8") from None
     except OSError as e:  # unreadable (permissions), or gone since the check
         raise ValueError(f"{flag}{path} cannot be read ({e.strerror}); give a text file you can read") from None
+
+
+def load_torch_file(path, map_location="cpu"):
+    """What torch.save wrote to path, loaded with weights_only=True: plain data and tensors, so that
+    loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
+    ValueError that says so (its callers name the file), where torch.load would fail in ways of its own; torch.load's own errors
+    (a damaged archive, pickled objects) pass through."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
+    return torch.load(path, map_location=map_location, weights_only=True)

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import pickle
-import zipfile
 from dataclasses import dataclass, fields
 from typing import Literal, get_args, get_origin
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, dropout
 from data.tokenizer import GPT2_VOCAB_SIZE
+from files import load_torch_file
 
 
 Positions = Literal["learned", "rope"]  # a learned table of positions, or rotary embeddings in attention
@@ -384,7 +384,7 @@ def load_hf_state_dict(directory):
     index (model.safetensors.index.json, ...) lists, as save_pretrained writes a large model; a
     ValueError naming the file when one cannot be read as weights (a torn download, another format)."""
     from safetensors.torch import load_file
-    for name, load in (("model.safetensors", load_file), ("pytorch_model.bin", load_torch_weights)):
+    for name, load in (("model.safetensors", load_file), ("pytorch_model.bin", load_torch_file)):
         path = os.path.join(directory, name)
         if os.path.exists(path):
             return read_weights(path, load)
@@ -397,18 +397,12 @@ def load_hf_state_dict(directory):
                      "with an .index.json)")
 
 
-def load_torch_weights(path):
-    if not zipfile.is_zipfile(path):  # torch.save's format; torch.load fails on others in its own ways
-        raise OSError("not a zip archive, as torch.save writes")
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def read_weights(path, load):
     """load(path): named tensors; a ValueError naming the file if it cannot be read as such."""
     from safetensors import SafetensorError
     try:
         tensors = load(path)
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
         raise ValueError(f"{path} cannot be read as weights ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
     if not isinstance(tensors, dict):

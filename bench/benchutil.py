@@ -11,6 +11,7 @@ import platform
 import re
 import statistics
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -81,9 +82,14 @@ def out_path(out, name, device):
             fail(f"out={path}: {existing} is a file, not a folder; pick another path")
         existing = os.path.dirname(existing)
     try:
-        check_writable(path if existing == folder else os.path.join(existing, os.path.basename(path)))
+        if existing == folder:
+            check_writable(path)
+        else:  # can the missing folders be made? A probe folder in the nearest one that exists
+            tempfile.TemporaryDirectory(dir=existing).cleanup()
     except ValueError as e:
         fail(f"out={path}: {e}")
+    except OSError as e:
+        fail(f"out={path}: cannot make the folder {folder}: {e.strerror or e} in {existing}; pick another place")
     return path
 
 

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end at toy sizes and write the JSON the README's tables come
 from. Nothing here is timed: these only keep the scripts working as the code under them changes."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -227,6 +228,15 @@ def test_bench_out_may_name_folders_not_made_yet(tmp_path):
     assert out_path(path, "train", "cpu") == path
     write_json(path, {"a": 1})
     assert json.loads(Path(path).read_text()) == {"a": 1}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no one creates folders")
+def test_bench_out_under_folders_that_cannot_be_made_names_the_folder(capsys):
+    from bench.benchutil import out_path
+    with pytest.raises(SystemExit):
+        out_path("/proc/no_such_folder/x.json", "train", "cpu")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot make the folder /proc/no_such_folder:" in err and " in /proc;" in err, err
 
 
 def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_path, data_dir):
