@@ -281,7 +281,7 @@ def load_data(cfg, setup):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
     missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
     try:
-        if cfg.data_dir == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
+        if os.path.normpath(cfg.data_dir) == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             try:
                 prepare_shakespeare_char(cfg.data_dir)

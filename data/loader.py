@@ -46,9 +46,12 @@ def open_split(data_dir, split, meta=None):
     prepared inside the vocabulary (one pass over the file where meta.json records none: data
     prepared before it did)."""
     path = os.path.join(data_dir, f"{split}.bin")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file of tokens (a directory, say); prepare the data again with "
+                         f"`{prepare_command(data_dir)}`")
     if not os.path.isfile(path):
-        raise ValueError(f"no {split}.bin in {data_dir}: run `python data/prepare.py` (Shakespeare, char-level, "
-                         f"into data/shakespeare_char) or `python data/prepare.py --input=FILE --out_dir={data_dir}`")
+        raise ValueError(f"no {split}.bin in {data_dir}: it was never prepared or the preparation was "
+                         f"interrupted; run `{prepare_command(data_dir)}`")
     size = os.path.getsize(path)
     if size == 0 or size % TOKEN_DTYPE.itemsize:
         raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of {TOKEN_DTYPE.name} tokens: it is "

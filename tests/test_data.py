@@ -334,11 +334,19 @@ def test_the_command_named_for_each_shakespeare_dir_prepares_that_dir(tmp_path, 
         prepare(load_config(PrepareConfig, prepare_command(path).split()[2:]))
     assert made == [os.path.normpath(path) for path in SHAKESPEARE_DIRS.values()]
 
-def test_open_split_errors(tmp_path):
+def test_open_split_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         open_split(str(tmp_path / "nowhere"), "train")
     with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         load_meta(str(tmp_path / "nowhere"))
+    # a Shakespeare dir missing a file is made again by its own command, not the char corpus's or a text file's
+    monkeypatch.setitem(SHAKESPEARE_DIRS, ("gpt2", "tiny"), str(tmp_path / "tiny_gpt2"))
+    for read in (lambda d: open_split(d, "val"), load_meta):
+        with pytest.raises(ValueError, match=r"run `python data/prepare.py --tokenizer=gpt2 --plays=tiny`$"):
+            read(str(tmp_path / "tiny_gpt2"))
+    (tmp_path / "odd" / "val.bin").mkdir(parents=True)
+    with pytest.raises(ValueError, match="val.bin is not a file of tokens"):
+        open_split(str(tmp_path / "odd"), "val")
     (tmp_path / "train.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match="whole number"):
         open_split(str(tmp_path), "train")

@@ -721,6 +721,19 @@ def test_ctrl_c_while_the_default_corpus_is_prepared_is_one_line(tmp_path):
         "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 
 
+def test_the_default_corpus_is_prepared_however_its_folder_is_spelled(tmp_path):
+    """--data_dir=data/shakespeare_char/ (a shell's completion adds the slash) is the default corpus's folder,
+    prepared on a first run as the default is, not an own-data folder that was never prepared."""
+    worker = (f"import sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
+              "def stub(out_dir):\n    print('preparing', out_dir, flush=True)\n    raise ValueError('stub')\n"
+              "train.prepare_shakespeare_char = stub\ntrain.main(train.config_from_argv(train.TrainConfig))\n")
+    (tmp_path / "worker.py").write_text(worker)
+    proc = subprocess.run([sys.executable, str(tmp_path / "worker.py"), "--device=cpu",
+                           "--data_dir=data/shakespeare_char/"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert "preparing data/shakespeare_char/" in proc.stdout and proc.stderr == "error: stub\n", proc.stderr
+
+
 @pytest.mark.parametrize("unwritable", [("metrics.jsonl", "loss.png"), ("loss.png",)], ids=["both", "picture"])
 def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path, data_dir, launch, unwritable):
     out = tmp_path / "out"
