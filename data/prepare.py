@@ -111,6 +111,16 @@ def _staging(out_dir):
     return {name: _tmp_path(os.path.join(out_dir, name)) for name in ("train.bin", "val.bin")}
 
 
+def _write_tokens(ids, f):
+    """Append ids (TOKEN_DTYPE) to the open binary file f. Not ndarray.tofile, whose error on a full disk
+    says only how many bytes it wrote: f.write raises the system's own (no space left on device)."""
+    try:
+        f.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).data)
+    except OSError as e:
+        raise ValueError(f"cannot write the token files in {os.path.dirname(os.path.abspath(f.name))}: "
+                         f"{e.strerror or e}; free some space there or pick another --out_dir") from None
+
+
 def _publish(out_dir, staged, meta):
     """Rename the finished files into place. meta.json marks a complete data dir, so it is removed
     before the first rename and written last: a crash in between leaves no meta.json rather than a
@@ -311,8 +321,9 @@ def prepare_char(text, out_dir, val_text=None):
     meta = tok.meta()
     staged = _staging(out_dir)
     try:
-        train_ids.tofile(staged["train.bin"])
-        val_ids.tofile(staged["val.bin"])
+        for ids, name in ((train_ids, "train.bin"), (val_ids, "val.bin")):
+            with open(staged[name], "wb") as f:
+                _write_tokens(ids, f)
         _publish(out_dir, staged, meta)
     finally:
         _discard(staged)
@@ -364,7 +375,7 @@ def _stream_tokens(docs, f, total=None, desc="tokenizing", batch_size=256):
             if not first:
                 ids = [GPT2_EOT] + ids
             first = False
-            np.asarray(ids, dtype=TOKEN_DTYPE).tofile(f)
+            _write_tokens(np.asarray(ids, dtype=TOKEN_DTYPE), f)
             n_tokens += len(ids)
         batch.clear()
 
@@ -398,7 +409,8 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
             n_train = _split_point(n_all)
             n_val = n_all - n_train
             itemsize = TOKEN_DTYPE.itemsize
-            np.fromfile(train_tmp, dtype=TOKEN_DTYPE, offset=n_train * itemsize).tofile(val_tmp)
+            with open(val_tmp, "wb") as f:
+                _write_tokens(np.fromfile(train_tmp, dtype=TOKEN_DTYPE, offset=n_train * itemsize), f)
             os.truncate(train_tmp, n_train * itemsize)
         _publish(out_dir, staged, meta)
     finally:

@@ -75,9 +75,12 @@ def _gpt2_files():
 @functools.lru_cache(maxsize=None)
 def gpt2_encoding():
     """tiktoken's "gpt2" Encoding, built from local files so it never touches the network."""
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-    from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizing pattern
+    try:
+        import tiktoken
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+        from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizing pattern
+    except ImportError:
+        raise ValueError("GPT-2 BPE needs the tiktoken package: pip install -r requirements.txt") from None
 
     vocab_bpe, encoder_json = _gpt2_files()
     # An empty TIKTOKEN_CACHE_DIR makes tiktoken read the files directly instead of copying them

@@ -76,3 +76,10 @@ def assert_dropout(before, after, p, site="the tensor"):
     assert abs(fraction - p) <= spread, f"{site}: {fraction:.3f} of the entries dropped at rate {p} ({p} ± {spread:.3f})"
     torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p), atol=0, rtol=1e-6,
                                msg=lambda m: f"{site}, the entries kept: {m}")
+
+
+def mount_tmpfs(directory, size):
+    """Mount a tmpfs of size on directory; the reason it could not be (it needs root), or ""."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True)
+    return "" if mounted.returncode == 0 else f"cannot mount a tmpfs here: {mounted.stderr.strip()[:200]}"

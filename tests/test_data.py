@@ -25,7 +25,7 @@ from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, PrepareConfig,
                           prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
 from data.shakespeare import other_plays_text, shakespeare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
-from helpers import ROOT
+from helpers import ROOT, mount_tmpfs
 
 FILES = ("train.bin", "val.bin", "meta.json")
 
@@ -225,6 +225,17 @@ def test_gpt2_without_package(monkeypatch):
     gpt2_encoding.cache_clear()
     try:
         with pytest.raises(ValueError, match="pip install -r requirements.txt"):
+            gpt2_encoding()
+    finally:
+        gpt2_encoding.cache_clear()
+
+
+def test_gpt2_without_tiktoken(monkeypatch):
+    for name in ("tiktoken", "tiktoken.load"):
+        monkeypatch.setitem(sys.modules, name, None)  # what `import tiktoken` finds where it is not installed
+    gpt2_encoding.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="needs the tiktoken package: pip install -r requirements.txt"):
             gpt2_encoding()
     finally:
         gpt2_encoding.cache_clear()
@@ -547,6 +558,26 @@ def test_cli_error_while_writing_is_one_line(tmp_path, run_main, monkeypatch):
     assert_one_error_line(status, err, "error: [Errno 28] No space left on device: ")
     assert os.path.join("out", ".train.bin.tmp") in err, err  # the file it was writing, in out_dir
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_a_really_full_disk_while_writing_is_one_line_that_says_so(tmp_path, run_main, tokenizer):
+    """A 64 KB tmpfs (mounting needs root, as CI runs; elsewhere this skips): the token files do not fit.
+    numpy's tofile said only "N requested and M written"; the line names the place and the fix."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    why_not = mount_tmpfs(disk, "64k")
+    if why_not:
+        pytest.skip(why_not)
+    try:
+        words = [f"word{i} " for i in range(40_000)]  # ~0.3 MB of text, > 64 KB of tokens either way
+        (tmp_path / "a.txt").write_text("".join(words))
+        status, _, err = run_main("--input=a.txt", f"--tokenizer={tokenizer}", f"--out_dir={disk / 'out'}", cwd=tmp_path)
+        assert_one_error_line(status, err, f"cannot write the token files in {disk / 'out'}: No space left on device; "
+                                           "free some space there or pick another --out_dir")
+        assert os.listdir(disk) == []  # the folder it made is gone again
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
-from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV
+from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV, mount_tmpfs
 from model import GPT, GPTConfig
 from data.prepare import prepare_char
 from train import TrainConfig
@@ -802,13 +802,6 @@ def test_runs_that_find_a_stale_lock_at_once_never_both_take_it(tmp_path):
         for w in workers:
             w.join(timeout=30)
         assert sorted(results.get(timeout=5) for _ in workers) == ["held", "refused", "refused"], attempt
-
-
-def mount_tmpfs(directory, size):
-    """Mount a tmpfs of size on directory; the reason it could not be (it needs root), or ""."""
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                             capture_output=True, text=True)
-    return "" if mounted.returncode == 0 else f"cannot mount a tmpfs here: {mounted.stderr.strip()[:200]}"
 
 
 @pytest.fixture
