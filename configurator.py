@@ -27,8 +27,11 @@ class ConfigError(ValueError):
 
 
 def fail(message, status=2):
-    """The one way scripts report bad input: a single line on stderr, no traceback."""
-    print(f"error: {message}", file=sys.stderr)
+    """The one way scripts report bad input: a single line on stderr, no traceback. Under torchrun, where
+    every process reaches this verdict (distributed.fail_together), each machine's first process says it
+    and the others exit quietly, so the terminal shows the line once rather than once per process."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr)
     sys.exit(status)
 
 

@@ -430,10 +430,22 @@ def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_pat
                                 "--log_interval=1000000")
     _, launcher_stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    for stderr in rank_logs(logs, "stderr"):
-        lines = [line for line in stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+", lines[0]), stderr
+    said, quiet = ([line for line in stderr.splitlines() if line.strip()] for stderr in rank_logs(logs, "stderr"))
+    assert len(said) == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+", said[0]), said
+    assert quiet == []  # rank 1 reached the same verdict; the machine's first process says it for both
     assert "exitcode: 1" in launcher_stderr  # a fault, not bad input
+
+
+def test_under_torchrun_bad_input_is_said_once(tmp_path, data_dir):
+    """Every rank finds --batch_size=0 bad; the terminal shows the line once, not once per rank (torchrun's
+    own report of a failed worker follows it: the launcher's, not train.py's)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *TINY,
+           f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", "--batch_size=0"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "exitcode: 2" in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error: " in line] == [
+        "error: batch_size must be at least 1, got 0"], proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 FAULT_ON_RANK_1 = """
