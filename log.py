@@ -97,13 +97,13 @@ class TrainingLog:
             return
         if self.busy:
             self.busy.restart()
-        # the next log line's speed counts from here: an evaluation is not training
-        self.last_time, self.last_iter = time.time(), iter_num
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if self.metrics:  # not with eval_only, which writes nothing
             self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                 "seconds": round(seconds, 3)})
             self.metrics.draw()
+        # the next log line's speed counts from here: an evaluation, and drawing its picture, are not training
+        self.last_time, self.last_iter = time.time(), iter_num
 
     def close(self):
         if self.metrics:

@@ -600,18 +600,22 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
     assert f"0: {wide}, or {narrow} on a CPU without bf16" in help_text(train.TrainConfig)
 
 
-def test_the_log_line_after_an_evaluation_does_not_count_it(tmp_path, data_dir, monkeypatch):
-    """ms/iter, tokens/s and MFU are training speed: a 3 s evaluation between two log lines stays out."""
+@pytest.mark.parametrize("slow", ["evaluate", "draw"])
+def test_the_log_line_after_an_evaluation_does_not_count_it(tmp_path, data_dir, monkeypatch, slow):
+    """ms/iter, tokens/s and MFU are training speed: a 3 s evaluation between two log lines stays out,
+    and so does drawing loss.png after it."""
+    import log
     import train
-    real_evaluate, slept = train.evaluate, []
+    owner = train if slow == "evaluate" else log.MetricsLog
+    real, slept = getattr(owner, slow), []
 
-    def slow_evaluate(*args):
+    def slowed(*args):
         if not slept:  # the evaluation at iteration 2, between the log lines at 2 and 4
             time.sleep(3.0)
             slept.append(True)
-        return real_evaluate(*args)
+        return real(*args)
 
-    monkeypatch.setattr(train, "evaluate", slow_evaluate)
+    monkeypatch.setattr(owner, slow, slowed)
     train.main(tiny_config(data_dir, tmp_path / "out", compile=False, max_iters=4, eval_interval=2, log_interval=2))
     logged = {r["iter"]: r["ms_per_iter"] for r in metrics(tmp_path / "out") if "ms_per_iter" in r}
     # counted, the evaluation would add 1,500 ms an iteration; a step of this model takes ~50 ms, and
