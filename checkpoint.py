@@ -18,7 +18,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from files import atomic_write, load_torch_file
+from files import NotSavedByTorch, atomic_write, load_torch_file
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
@@ -53,18 +53,25 @@ def save_checkpoint(state, path):
 
 def load_checkpoint(path, map_location="cpu"):
     """Load a checkpoint written by save_checkpoint; ValueError with the file's name if it can't be."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a checkpoint; move it away, or pass --out_dir=DIR holding ckpt.pt")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist; point it at a checkpoint")
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
     try:
         return load_torch_file(path, map_location)
-    except ValueError:
+    except NotSavedByTorch:
         raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
                          "a zip archive); train again, or point --out_dir at the run that wrote it") from None
     except pickle.UnpicklingError as e:
-        raise ValueError(f"{path} contains Python objects that are not plain data or tensors, so it was not "
-                         f"loaded (weights_only=True keeps a checkpoint from running code): {str(e).splitlines()[-1]}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        detail = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error:" in line), "")
+        if "Unsupported global" in detail:  # a class or function: loading it would run code
+            raise ValueError(f"{path} contains Python objects that are not plain data or tensors, so it was not "
+                             f"loaded (weights_only=True keeps a checkpoint from running code): {detail}") from None
+        raise ValueError(f"{path} is corrupt and cannot be loaded ({detail or str(e).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         raise ValueError(f"{path} is truncated or corrupt and cannot be loaded ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
 

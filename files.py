@@ -100,11 +100,15 @@ def read_text_file(path, flag):
         raise ValueError(f"{flag}{path} cannot be read ({e.strerror}); give a text file you can read") from None
 
 
+class NotSavedByTorch(ValueError):
+    """A file that torch.save did not write: not a zip archive."""
+
+
 def load_torch_file(path, map_location="cpu"):
     """What torch.save wrote to path, loaded with weights_only=True: plain data and tensors, so that
     loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
-    ValueError that says so (its callers name the file), where torch.load would fail in ways of its own; torch.load's own errors
+    NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of its own; torch.load's own errors
     (a damaged archive, pickled objects) pass through."""
     if not zipfile.is_zipfile(path):
-        raise ValueError("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
+        raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
     return torch.load(path, map_location=map_location, weights_only=True)

@@ -246,9 +246,32 @@ def test_damaged_checkpoint_is_a_value_error_naming_the_file(tmp_path, damage):
     assert str(e.value).startswith(f"{path} is not a checkpoint: truncated, or a file of another kind"), e.value
 
 
+@pytest.mark.parametrize("offset", [20, 40], ids=["an unknown opcode", "a string that is not UTF-8"])
+def test_corrupt_bytes_inside_a_checkpoint_are_called_corrupt_not_unsafe(tmp_path, offset):
+    """Bytes flipped in the pickled part: torch's unpickler meets an opcode it does not know, or a string
+    it cannot decode. Not "Python objects that are not plain data", which would send the user to
+    weights_only=False, and not a traceback."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"iter_num": 3, "config": {"n_layer": 1, "notes": "x" * 200}}, str(path))
+    data = bytearray(path.read_bytes())
+    start = data.index(b"data.pkl") + offset  # into the pickle's own bytes, past the zip entry's name
+    data[start:start + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(path))
+    assert str(e.value).startswith(f"{path} is ") and "corrupt" in str(e.value), e.value
+    assert "Python objects" not in str(e.value) and "\n" not in str(e.value), e.value
+
+
 def test_missing_checkpoint_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint"):
         load_checkpoint(str(tmp_path / "ckpt.pt"))
+    (tmp_path / "dir" / "ckpt.pt").mkdir(parents=True)  # not "train one first": there is something in the way
+    with pytest.raises(ValueError, match=r"ckpt.pt is a directory, not a checkpoint; move it away"):
+        load_checkpoint(str(tmp_path / "dir" / "ckpt.pt"))
+    (tmp_path / "link.pt").symlink_to(tmp_path / "nowhere.pt")
+    with pytest.raises(ValueError, match=r"link.pt is a link to .*nowhere.pt, which does not exist"):
+        load_checkpoint(str(tmp_path / "link.pt"))
 
 
 def test_clean_state_dict_strips_prefixes():
