@@ -8,6 +8,7 @@ temporary file beside the target, flushes it to disk and renames it over the old
 run code: loading uses torch.load(weights_only=True), tensors and plain Python data only.
 """
 import fcntl
+import math
 import os
 import pickle
 import random
@@ -18,6 +19,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
+from data.tokenizer import tokenizer_from_meta
 from files import NotSavedByTorch, atomic_write, load_torch_file
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 
@@ -118,9 +120,12 @@ def check_resumable(checkpoint, path, cfg, meta):
     before = {k: saved.get(k, getattr(GPTConfig, k)) for k in compared}
     differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in compared if before[k] != getattr(cfg, k)]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
+        same_dir = os.path.normpath(str(saved.get("data_dir", ""))) == os.path.normpath(cfg.data_dir)
+        remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
+                  "start a new run" if same_dir else
+                  f"resume on the data it was trained on (--data_dir={saved.get('data_dir', '...')})")
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
-                         f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); resume on the data it was "
-                         f"trained on (--data_dir={saved.get('data_dir', '...')})")
+                         f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); {remedy}")
     vocab_size = cfg.vocab_size or meta["vocab_size"]
     if checkpoint["model_config"]["vocab_size"] != vocab_size:
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
@@ -146,6 +151,16 @@ def field_problems(checkpoint, keys):
             if not isinstance(checkpoint.get(key), RESUME_FIELDS[key]) or isinstance(checkpoint.get(key), bool)]
 
 
+def checkpoint_tokenizer(checkpoint, path):
+    """The tokenizer the checkpoint was trained with (its copy of meta.json's record); a ValueError naming
+    the file where that record is damaged, rather than one that blames a meta.json."""
+    try:
+        return tokenizer_from_meta(checkpoint["tokenizer"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} is damaged (its tokenizer record: {type(e).__name__}: {e}); train again, or use "
+                         "a copy of an earlier checkpoint") from None
+
+
 def check_resume_fields(checkpoint, path):
     """ValueError naming what is wrong if a field of the checkpoint is missing or not what resume reads."""
     missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
@@ -159,9 +174,14 @@ def check_resume_fields(checkpoint, path):
             wrong.append("model_config lacks vocab_size")
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
                   if key not in checkpoint["optimizer"]]
+        if checkpoint["iter_num"] < 0:
+            wrong.append(f"iter_num is {checkpoint['iter_num']}")
+        if not 0 <= checkpoint["trained_seconds"] < math.inf:  # NaN too
+            wrong.append(f"trained_seconds is {checkpoint['trained_seconds']}")
     if wrong:
         raise ValueError(f"{path} is damaged ({', '.join(wrong)}): resume cannot continue from it; start a new "
                          "run, or resume from a copy of an earlier checkpoint")
+    checkpoint_tokenizer(checkpoint, path)
 
 
 def tokenizer_difference(trained, data):
@@ -169,6 +189,8 @@ def tokenizer_difference(trained, data):
     if all(isinstance(m, dict) and m.get("tokenizer") == "char" for m in (trained, data)):
         only_trained = "".join(sorted(set(trained.get("chars", "")) - set(data.get("chars", ""))))
         only_data = "".join(sorted(set(data.get("chars", "")) - set(trained.get("chars", ""))))
+        if not only_trained and not only_data:
+            return "the same characters, numbered differently"
         return (f"character vocabularies: only the checkpoint's has {only_trained!r}, "
                 f"only the data's has {only_data!r}")
     trained_name, data_name = (m.get("tokenizer", "?") if isinstance(m, dict) else "?" for m in (trained, data))

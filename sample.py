@@ -18,9 +18,9 @@ import torch
 
 from attention import Backend, check_backend
 from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
-from checkpoint import ckpt_path, field_problems, load_checkpoint, model_from_checkpoint
+from checkpoint import checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint, model_from_checkpoint
 from configurator import config_from_argv, fail
-from data.tokenizer import GPT2Tokenizer, tokenizer_from_meta
+from data.tokenizer import GPT2Tokenizer
 from files import check_writable, read_text_file
 from hardware import DType, check_threads, pick_device, pick_dtype, set_up_cpu
 from log import OutputThatMayClose
@@ -205,11 +205,7 @@ def load_model(cfg):
     checkpoint = load_checkpoint(path)
     check_sampled_fields(checkpoint, path)
     model = model_from_checkpoint(checkpoint, path, **overrides)
-    try:
-        tokenizer = tokenizer_from_meta(checkpoint["tokenizer"])
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path} does not match this code's model (an incompatible config): no tokenizer "
-                         f"({type(e).__name__}: {e})") from None
+    tokenizer = checkpoint_tokenizer(checkpoint, path)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise ValueError(f"{path} holds non-finite (NaN or inf) weights: the run that wrote it diverged; "
                          "train again with a lower --learning_rate")

@@ -263,6 +263,12 @@ def test_corrupt_bytes_inside_a_checkpoint_are_called_corrupt_not_unsafe(tmp_pat
     assert "Python objects" not in str(e.value) and "\n" not in str(e.value), e.value
 
 
+def test_the_same_characters_numbered_differently_are_named_so():
+    from checkpoint import tokenizer_difference
+    assert tokenizer_difference({"tokenizer": "char", "chars": "ab"}, {"tokenizer": "char", "chars": "ba"}) == \
+        "the same characters, numbered differently"
+
+
 def test_missing_checkpoint_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint"):
         load_checkpoint(str(tmp_path / "ckpt.pt"))
@@ -1003,6 +1009,20 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "model_config lacks vocab_size"]),
     Case("resume-iter_num-a-string", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
+    Case("resume-iter_num-negative", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "iter_num", -5))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (iter_num is -5)"]),
+    Case("resume-trained_seconds-nan", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "trained_seconds", float("nan")))), lambda c: ["is damaged (trained_seconds is nan)"]),
+    Case("resume-tokenizer-chars-a-number", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["tokenizer"], "chars", 5))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (its tokenizer record: TypeError"]),
+    Case("sample-tokenizer-unknown", lambda c: sample_args(c, out=c.ckpt_with(
+        lambda ck: _set(ck["tokenizer"], "tokenizer", None))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (its tokenizer record: ValueError: unknown tokenizer"]),
+    Case("resume-on-its-own-data-dir-prepared-again", lambda c: train_args(
+        c, "--init_from=resume", data=(prepare_char(TEXT.replace("a", "Z"), str(c.dir / "other")), c.dir / "other")[1],
+        out=c.ckpt_with(lambda ck: _set(ck["config"], "data_dir", str(c.dir / "other") + "/"))),
+         lambda c: [f"{c.dir / 'other'} was prepared again since: prepare it from the text the run was trained on"]),
     Case("resume-rng-torch-empty", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck["rng"], "torch", []))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
     Case("resume-rng-numpy-not-a-state", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
