@@ -46,21 +46,27 @@ def type_name(tp):
 def convert(key, tp, value, from_text):
     """Check (TOML) or parse (command line text) one value against the field's type."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Literal:
-        if value not in args:
+    if origin is typing.Literal:  # text is the choice it spells: "2" is 2 where the choices are numbers
+        chosen = [c for c in args if (as_typed(c) == value if from_text else c == value and type(c) is type(value))]
+        if not chosen:
             raise ConfigError(f"{key}={value!r} is not a valid choice; choose one of: {type_name(tp)}")
-        return value
-    if type(None) in args:  # Optional[X]
-        if from_text and value.lower() in ("none", "null", ""):
+        return chosen[0]
+    if type(None) in args:  # Optional[X]; TOML has no null, so there too "none" is None
+        if isinstance(value, str) and value.lower() in ("none", "null") + (("",) if from_text else ()):
             return None
-        return convert(key, next(a for a in args if a is not type(None)), value, from_text)
+        try:
+            return convert(key, next(a for a in args if a is not type(None)), value, from_text)
+        except ConfigError:
+            raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}") from None
     if tp is bool:
         if not from_text:
             ok = isinstance(value, bool)
+            if isinstance(value, str):
+                raise ConfigError(f"{key} must be true or false, got the string {value!r}; write it without quotes")
         elif value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return value.lower() in ("true", "1", "yes", "on")
         else:
-            ok = False
+            raise ConfigError(f"{key} must be true or false (or 1/0, yes/no, on/off), got {value!r}")
     elif tp in (int, float):
         ok = not isinstance(value, bool) and isinstance(value, (int,) if tp is int else (int, float))
         if from_text:

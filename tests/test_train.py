@@ -870,8 +870,12 @@ def test_bool_flags(TrainConfig, text, expected):
     assert load_config(TrainConfig, [f"--compile={text}"]).compile is expected
 
 
-def test_optional_none(SampleConfig):
+def test_optional_none(SampleConfig, tmp_path):
     assert load_config(SampleConfig, ["--top_k=none"]).top_k is None
+    # TOML has no null: there too "none" is None, and a wrong value says that none is a choice
+    assert load_config(SampleConfig, [toml(tmp_path, 'top_k = "none"\nattention = "none"\n')]).top_k is None
+    with pytest.raises(ConfigError, match=r"^top_k must be int or none, got 'many'$"):
+        load_config(SampleConfig, [toml(tmp_path, 'top_k = "many"\n')])
     assert load_config(SampleConfig, ["--top_k=5"]).top_k == 5
     assert load_config(SampleConfig, ["--top_p=none"]).top_p is None
     assert load_config(SampleConfig, ["--top_p=0.9"]).top_p == 0.9
@@ -902,6 +906,32 @@ def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, key):
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
     with pytest.raises(ConfigError, match=key):
         load_config(TrainConfig, argv)
+
+
+def test_a_literal_of_numbers_is_set_from_the_command_line():
+    """A forker's `mlp_ratio: Literal[2, 4]`: the text "2" is the choice 2, as TOML's 2 is."""
+    from dataclasses import dataclass
+    from typing import Literal
+
+    @dataclass
+    class Forked:
+        mlp_ratio: Literal[2, 4] = 4
+        scale: Literal[0.5, 1.0] = 1.0
+
+    cfg = load_config(Forked, ["--mlp_ratio=2", "--scale=0.5"])
+    assert (cfg.mlp_ratio, cfg.scale) == (2, 0.5) and type(cfg.mlp_ratio) is int
+    with pytest.raises(ConfigError, match=r"mlp_ratio='3' is not a valid choice; choose one of: 2 \| 4"):
+        load_config(Forked, ["--mlp_ratio=3"])
+
+
+@pytest.mark.parametrize("argv_or_toml, says", [
+    ("--compile=Y", "compile must be true or false (or 1/0, yes/no, on/off), got 'Y'"),
+    ('compile = "true"', "compile must be true or false, got the string 'true'; write it without quotes")])
+def test_a_bad_boolean_says_how_to_spell_one(tmp_path, TrainConfig, argv_or_toml, says):
+    argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, argv)
+    assert str(e.value) == says
 
 
 def test_literal_error_lists_choices(TrainConfig):
