@@ -229,10 +229,10 @@ def greedy_check(cfg, generate, mine, other):
 
 def nanogpt_model(config, seed):
     """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, nn.GELU() (the
-    exact GELU), GPT-2's init."""
+    exact GELU), no biases (its train.py's default), GPT-2's init."""
     torch.manual_seed(seed)
     nanogpt = replace(config, pos_embedding="learned", attention="sdpa", norm="layernorm", qk_norm=False,
-                      activation="gelu")
+                      activation="gelu", bias=False)
     return GPT(nanogpt)
 
 

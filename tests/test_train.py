@@ -135,6 +135,7 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     second_half = check_ok(launch("train.py", *common, f"--out_dir={b}", "--init_from=resume", "--max_iters=8"))
     assert re.search(r"resum\w+ from .*ckpt\.pt at iteration 4\b", second_half.stdout), second_half.stdout
     assert [int(m[0]) for m in LOG_LINE.findall(second_half.stdout)] == [5, 6, 7, 8]
+    assert "note:" not in second_half.stdout  # a later stop alone: this run matches an uninterrupted one
 
     ca, cb = load(a / "ckpt.pt"), load(b / "ckpt.pt")
     assert ca["iter_num"] == cb["iter_num"] == 8
@@ -164,6 +165,7 @@ def test_a_resumed_run_trains_with_its_own_rates_decay_and_betas(tmp_path, data_
     resumed = check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume",
                               *[f"--{k}={v}" for k, v in new.items()]))
     assert "muon_lr 0.02 -> 0.001" in resumed.stdout and "training follows the new values" in resumed.stdout
+    assert "max_iters 2 -> 4" in resumed.stdout  # here the rates decay over max_iters: a change of schedule
     groups = load(tmp_path / "ckpt.pt")["optimizer"]["param_groups"]
     adamw = [g for g in groups if "betas" in g]
     muon = [g for g in groups if "betas" not in g]
@@ -1122,11 +1124,12 @@ def test_shipped_configs_load(TrainConfig):
                                               ("configs/nanogpt_cpu_reference.toml", "gelu")])
 def test_the_recipe_configs_build_the_model_they_reproduce(TrainConfig, path, activation):
     """GPT-2's and nanoGPT's recipes set every model option in which TrainConfig's CPU defaults leave
-    GPT-2's way (GPTConfig's defaults), so they train GPT-2's architecture with the recipe's GELU."""
+    GPT-2's way (GPTConfig's defaults), so they train GPT-2's architecture with the recipe's GELU, and
+    without biases, as nanoGPT's train.py does by default."""
     from model import GPTConfig
     cfg, shape = load_config(TrainConfig, [path]), ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
     gpt2_way = {**{f.name: f.default for f in fields(GPTConfig) if f.name not in shape and
-                   getattr(TrainConfig(), f.name) != f.default}, "activation": activation}
+                   getattr(TrainConfig(), f.name) != f.default}, "activation": activation, "bias": False}
     assert {name: getattr(cfg, name) for name in gpt2_way} == gpt2_way
 
 
