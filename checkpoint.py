@@ -22,6 +22,7 @@ import torch
 from data.tokenizer import tokenizer_from_meta
 from files import NotSavedByTorch, atomic_write, load_torch_file
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
+from optim import schedule_reads_max_iters
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
 # damaged checkpoint fails in one line before anything is written, not in the middle of restoring it
@@ -134,6 +135,8 @@ def check_resumable(checkpoint, path, cfg, meta):
     was = {f.name: saved.get(f.name, getattr(defaults, f.name)) for f in fields(cfg)  # newer settings: their default
            if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS
            and not (f.name in RESOLVED_SETTINGS and saved.get(f.name) == getattr(defaults, f.name))}
+    if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
+        was.pop("max_iters", None)
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
     return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
             "will not match an uninterrupted one") if changed else ""

@@ -9,8 +9,6 @@ import os
 import tempfile
 import zipfile
 
-import torch
-
 
 def atomic_write(path, write):
     """write(f) into a temporary file beside path, flush it to disk, then rename it over path:
@@ -109,6 +107,7 @@ def load_torch_file(path, map_location="cpu"):
     loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
     NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of its own; torch.load's own errors
     (a damaged archive, pickled objects) pass through."""
+    import torch  # here, not at the top: data/prepare.py writes through this module and starts without torch
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
     return torch.load(path, map_location=map_location, weights_only=True)

@@ -36,10 +36,16 @@ def lr_multiplier(cfg, it, elapsed):
     cfg: train.py's settings; it: the iteration; elapsed: seconds of training so far."""
     if it < cfg.warmup_iters:
         return (it + 1) / (cfg.warmup_iters + 1)
-    decay_iters = (cfg.lr_decay_iters or cfg.max_iters) - cfg.warmup_iters
+    decay_iters = (cfg.max_iters if schedule_reads_max_iters(cfg) else cfg.lr_decay_iters) - cfg.warmup_iters
     progress = elapsed / cfg.max_seconds if cfg.max_seconds > 0 else (it - cfg.warmup_iters) / max(1, decay_iters)
     floor = cfg.min_lr / cfg.learning_rate
     return floor + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (1.0 - floor)
+
+
+def schedule_reads_max_iters(cfg):
+    """Whether lr_multiplier's decay ends at max_iters: not where it follows the clock (max_seconds) or
+    ends at lr_decay_iters; there max_iters is only where a run stops."""
+    return cfg.max_seconds <= 0 and not cfg.lr_decay_iters
 
 
 def set_lr(optimizers, multiplier):

@@ -466,7 +466,7 @@ def test_from_pretrained_names_a_pytorch_model_bin_that_is_not_weights(hf_gpt2, 
     directory, *_ = hf_gpt2
     (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
     (tmp_path / "pytorch_model.bin").write_bytes(content)  # torch.load itself: KeyError, IndexError tracebacks
-    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(ValueError: not a file torch.save wrote \(a zip archive\)"):
+    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(NotSavedByTorch: not a file torch.save wrote \(a zip archive\)"):
         GPT.from_pretrained(str(tmp_path))
 
 
