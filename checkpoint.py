@@ -69,11 +69,13 @@ def load_checkpoint(path, map_location="cpu"):
         raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
                          "a zip archive); train again, or point --out_dir at the run that wrote it") from None
     except pickle.UnpicklingError as e:
-        detail = next((line.strip() for line in str(e).splitlines() if "WeightsUnpickler error:" in line), "")
-        if "Unsupported global" in detail:  # a class or function: loading it would run code
+        lines = [line.strip() for line in str(e).splitlines()]
+        named_global = next((line for line in lines if "GLOBAL" in line), "")
+        if named_global:  # a class or function by name: loading it would run code
             raise ValueError(f"{path} contains Python objects that are not plain data or tensors, so it was not "
-                             f"loaded (weights_only=True keeps a checkpoint from running code): {detail}") from None
-        raise ValueError(f"{path} is corrupt and cannot be loaded ({detail or str(e).splitlines()[0]})") from None
+                             f"loaded (weights_only=True keeps a checkpoint from running code): {named_global}") from None
+        detail = next((line for line in lines if "WeightsUnpickler error:" in line), lines[0] if lines else "")
+        raise ValueError(f"{path} is corrupt and cannot be loaded ({detail})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         raise ValueError(f"{path} is truncated or corrupt and cannot be loaded ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
