@@ -407,7 +407,9 @@ def resume_state(state, checkpoint, path, setup, cfg):
     settings = [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
                 for opt in state.optimizers]
     try:
-        set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"], options=setup.state_options)
+        # strict=False: a parameter that never had a gradient (a fork's unused layer) has no state to load
+        set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"],
+                                 options=replace(setup.state_options, strict=False))
         for optimizer, groups in zip(state.optimizers, settings):  # loading put back the first run's
             for group, setting in zip(optimizer.param_groups, groups):
                 group.update(setting)

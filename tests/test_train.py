@@ -156,6 +156,19 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     assert va == vb
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_parameter_that_never_had_a_gradient_resumes(tmp_path, data_dir, launch, optimizer):
+    """A fork's layer that the forward does not use gets no gradient, so its optimizers keep no state for it:
+    the checkpoint is sound, and resumes (as if ln_f had been such a layer)."""
+    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", f"--optimizer={optimizer}"]
+    check_ok(launch("train.py", *common, "--max_iters=2"))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    del checkpoint["optimizer"]["state"]["transformer.ln_f.weight"]
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume"))
+    assert load(tmp_path / "ckpt.pt")["iter_num"] == 4
+
+
 def test_a_resumed_run_trains_with_its_own_rates_decay_and_betas(tmp_path, data_dir, launch):
     """Loading the optimizers' state puts back the first run's settings with it; a resumed run that
     changes them trains with the new ones, as its note says."""
