@@ -48,6 +48,7 @@ import attention as attn_mod
 from attention import BACKENDS, MultiHeadAttention, check_backend
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
+from hardware import pick_threads
 
 STATED_SHAPE = ("batch_size", "n_embd", "n_head", "dtype")  # the memory goal's, at their defaults
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
@@ -132,7 +133,9 @@ def single(cfg):
         fail(f"single={cfg.single!r}: give BACKEND:T, a backend of {', '.join(BACKENDS)} and T >= 1 (e.g. manual:1024)")
     T = int(t)
     device = resolve_device(cfg.device)
-    set_threads(cfg.threads)
+    # torch's threads alone: set_threads would also make malloc keep freed memory (hardware.keep_freed_memory),
+    # undoing the MALLOC_* limits this child was started with, which make a freed tensor leave RSS at once
+    torch.set_num_threads(pick_threads(cfg.threads))
     try:
         warm_up_autograd(device, getattr(torch, cfg.dtype))
         step = make_case(cfg, backend, T, device)  # the baseline below includes its module and inputs

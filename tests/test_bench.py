@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import ENV, ROOT, check_ok
 
@@ -45,6 +46,23 @@ def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
     # manual holds 2 heads x 2048 x 2048 fp32 scores (32 MiB) and their softmax; flash never makes them. At
     # T=1024 flash's fixed ~14 MiB came to 1/4 of manual's peak under torch 2.11: T=2048 keeps them apart
     assert peaks["manual"] > 32 * 2**20 and peaks["flash"] < peaks["manual"] / 4, peaks
+
+
+def test_attention_bench_child_keeps_the_malloc_limits_it_was_started_with(monkeypatch, capsys):
+    """The memory child runs with MALLOC_* limits that hand a freed tensor back at once; setting its threads
+    must not also switch on train.py's keep-freed-memory policy, which would count freed tensors as peak."""
+    import hardware
+    from bench.attention import AttentionBench, single
+    from configurator import load_config
+    kept = []
+    monkeypatch.setattr(hardware, "keep_freed_memory", lambda: kept.append(True))
+    threads = torch.get_num_threads()
+    try:
+        single(load_config(AttentionBench, ["--single=manual:16", "--device=cpu", "--n_embd=32", "--n_head=2",
+                                            "--threads=1"]))
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads(capsys.readouterr().out.split("RESULT ", 1)[1])["status"] == "ok" and kept == []
 
 
 @pytest.mark.parametrize("variants,names", [
