@@ -552,7 +552,8 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
             if not due:
                 save(state, cfg, data.meta, setup, stopped, final=True)
             if setup.master:
-                print(f"resume with: {relaunch_command([*sys.argv[1:], '--init_from=resume'])}")
+                again = [arg for arg in sys.argv[1:] if arg != "--init_from=resume"]  # a resumed run's says it once
+                print(f"resume with: {relaunch_command([*again, '--init_from=resume'])}")
             sys.exit(128 + signum)
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)
         logger.add_loss(train_step(state, wrapped_model, cfg, setup, multiplier))

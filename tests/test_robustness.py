@@ -350,6 +350,15 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     assert "Traceback" not in resumed.stdout + resumed.stderr
     assert [int(n) for n in LOG_LINE.findall(resumed.stdout)] == [stopped_at + 1, stopped_at + 2]
     assert load_checkpoint(str(ckpt_path))["iter_num"] == stopped_at + 2
+    if signum == signal.SIGTERM:  # a resumed run stopped in its turn: its resume command says resume once
+        proc, lines = start_long_run([*args, "--init_from=resume"])
+        try:
+            proc.send_signal(signum)
+            _, stdout, _ = lines.finish()
+        finally:
+            kill_quietly(proc)
+        resume = next(line for line in stdout.splitlines() if line.startswith("resume with: "))
+        assert resume.count("--init_from=resume") == 1 and resume.endswith(" --init_from=resume"), resume
 
 
 SIGNAL_DURING_AGREEMENT = """
