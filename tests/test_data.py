@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,6 +329,7 @@ def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
     ("data/shakespeare", "python data/prepare.py --tokenizer=gpt2"),  # the fine-tuning config's
     ("data/shakespeare_char/", "python data/prepare.py"),
     ("data/tiny_shakespeare_gpt2", "python data/prepare.py --tokenizer=gpt2 --plays=tiny"),
+    ("data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=data/openwebtext"),
     ("my_corpus", "python data/prepare.py --input=FILE --out_dir=my_corpus")])
 def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
     monkeypatch.chdir(tmp_path)  # where none of them is prepared
@@ -344,6 +346,16 @@ def test_the_command_named_for_each_shakespeare_dir_prepares_that_dir(tmp_path, 
     for path in SHAKESPEARE_DIRS.values():
         prepare(load_config(PrepareConfig, prepare_command(path).split()[2:]))
     assert made == [os.path.normpath(path) for path in SHAKESPEARE_DIRS.values()]
+
+
+def test_every_shipped_config_reads_data_whose_preparation_is_known():
+    """A config's data_dir not prepared yet names its own preparation, not "--input=FILE" (a new config
+    on a Hub dataset adds its dir to HUB_DATA_DIRS)."""
+    from data.prepare import prepare_command
+    for path in sorted(Path(ROOT, "configs").glob("*.toml")):
+        data_dir = tomllib.loads(path.read_text()).get("data_dir", SHAKESPEARE_CHAR_DIR)
+        assert "--input=FILE" not in prepare_command(data_dir), (path.name, data_dir)
+
 
 def test_open_split_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
