@@ -83,6 +83,8 @@ def convert(key, tp, value, from_text):
             finite = False
         if not finite:
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    if ok and tp is int and not -2**63 <= int(value) < 2**63:  # torch's integers are 64-bit: an overflow later
+        raise ConfigError(f"{key}={value} does not fit in 64 bits; give a smaller number")
     if ok:
         return tp(value)
     raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")

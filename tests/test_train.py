@@ -951,6 +951,13 @@ def test_a_bad_boolean_says_how_to_spell_one(tmp_path, TrainConfig, argv_or_toml
     assert str(e.value) == says
 
 
+@pytest.mark.parametrize("argv_or_toml", ["--batch_size=99999999999999999999", "batch_size = -9223372036854775809"])
+def test_an_integer_beyond_64_bits_is_one_line(tmp_path, TrainConfig, argv_or_toml):
+    argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
+    with pytest.raises(ConfigError, match=r"^batch_size=-?\d+ does not fit in 64 bits; give a smaller number$"):
+        load_config(TrainConfig, argv)
+
+
 def test_literal_error_lists_choices(TrainConfig):
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, ["--dtype=float64"])
