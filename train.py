@@ -55,7 +55,7 @@ class TrainConfig(GPTConfig):
     n_head: int = 4
     n_embd: int = 0  # width of the residual stream; 0: 128, or 96 on a CPU without bf16 instructions
     pos_embedding: Positions = "rope"
-    activation: Activation = "relu2"  # relu(x)^2: cheaper than GELU, and as good or better in 190 s (bench/README.md)
+    activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2 here: cheaper than GELU, as good or better in 190 s (bench/README.md)
     # I/O
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
