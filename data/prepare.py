@@ -236,14 +236,16 @@ def _check_hub_reachable(name, timeout=5.0):
     env = os.environ
     if any(env.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")):
         return  # offline mode: datasets looks only in the local cache, and fails fast itself
-    if any(env.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return  # a direct connection says nothing about the proxy; let datasets try
-    url = urlparse(env.get("HF_ENDPOINT", "https://huggingface.co"))
+    # through a proxy the first hop is the proxy: one that is not there fails as fast (past it, datasets tries)
+    proxy = next((env[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") if env.get(k)), "")
+    first_hop = (proxy if "//" in proxy else f"http://{proxy}") if proxy else env.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(first_hop)
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
-        raise ValueError(f"cannot reach the Hugging Face Hub ({host}:{port}: {e}) to load dataset {name!r}; "
+        hub = f"the proxy {proxy} to the Hugging Face Hub" if proxy else "the Hugging Face Hub"
+        raise ValueError(f"cannot reach {hub} ({host}:{port}: {e}) to load dataset {name!r}; "
                          "use local files (--input=FILE or --dataset=PATH), or set HF_DATASETS_OFFLINE=1 "
                          "to load it from your Hugging Face cache") from None
 

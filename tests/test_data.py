@@ -323,6 +323,25 @@ def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9", "127.0.0.1:9"])
+def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkeypatch, proxy):
+    """The proxy refuses (nothing listens there): one line at once. Without the proxy's own check, datasets
+    retried through it for ~25 s, with ten lines of retry warnings, before the same verdict."""
+    for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    tried = []
+
+    def refused(address, *args, **kwargs):
+        tried.append(address)
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(socket, "create_connection", refused)
+    with pytest.raises(ValueError, match=rf"^cannot reach the proxy {re.escape(proxy)} to the Hugging Face Hub "
+                                         r"\(127.0.0.1:9: \[Errno 111\] Connection refused\)"):
+        prepare_bpe(str(tmp_path / "o"), dataset="someone/some_dataset")
+    assert tried == [("127.0.0.1", 9)] and not (tmp_path / "o").exists()
+
+
 # --- reading a data dir ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("data_dir, command", [
