@@ -187,7 +187,7 @@ def main(cfg):
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
                 torch.manual_seed(cfg.seed + setup.rank)
             if checkpoint is not None:
-                resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)
+                note = "\n".join(filter(None, [note, resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)]))
                 del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
@@ -401,14 +401,17 @@ class TrainState:
 
 def resume_state(state, checkpoint, path, setup, cfg):
     """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
-    this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train."""
+    this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train.
+    Returns a note naming the parameters the checkpoint holds no optimizer state for ("" if none)."""
     if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
         raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
                          "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
     settings = [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
                 for opt in state.optimizers]
     try:
-        # strict=False: a parameter that never had a gradient (a fork's unused layer) has no state to load
+        # a parameter that never had a gradient (a fork's unused layer) has no state to load: a note, not a stop
+        stateless = [name for name, p in state.model.named_parameters()
+                     if p.requires_grad and name not in checkpoint["optimizer"]["state"]]
         set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"],
                                  options=replace(setup.state_options, strict=False))
         for optimizer, groups in zip(state.optimizers, settings):  # loading put back the first run's
@@ -426,6 +429,8 @@ def resume_state(state, checkpoint, path, setup, cfg):
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
                          f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
                          "train; raise them to train on, or evaluate it with --eval_only=true")
+    return (f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "
+            "file lost it): their momentum starts anew" if stateless else "")
 
 
 def wrap_model(cfg, setup, model, optimizers):

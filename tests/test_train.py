@@ -165,8 +165,10 @@ def test_a_parameter_that_never_had_a_gradient_resumes(tmp_path, data_dir, launc
     checkpoint = load(tmp_path / "ckpt.pt")
     del checkpoint["optimizer"]["state"]["transformer.ln_f.weight"]
     torch.save(checkpoint, tmp_path / "ckpt.pt")
-    check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume"))
+    resumed = check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume"))
     assert load(tmp_path / "ckpt.pt")["iter_num"] == 4
+    # said, since a file that lost the state is the other way there can be none: not silently a different run
+    assert "holds no optimizer state for transformer.ln_f.weight (no gradient reached them" in resumed.stdout
 
 
 def test_a_resumed_run_trains_with_its_own_rates_decay_and_betas(tmp_path, data_dir, launch):
