@@ -337,9 +337,9 @@ def build_model(cfg, meta, checkpoint, setup):
         return GPT(wanted)
     model = GPT.from_pretrained(cfg.init_from, **runtime)
     model.crop_block_size(cfg.block_size)
-    c, defaults = model.config, model_config(with_machine_width(type(cfg)(), setup.device_type), wanted.vocab_size)
+    c, defaults = model.config, with_machine_width(type(cfg)(), setup.device_type)
     ignored = [f"{k}={getattr(wanted, k)}" for k in WEIGHT_SETTINGS  # the user's settings, not train.py's defaults
-               if getattr(wanted, k) != getattr(c, k) and getattr(wanted, k) != getattr(defaults, k)]
+               if getattr(wanted, k) != getattr(c, k) and getattr(cfg, k) != getattr(defaults, k)]
     if setup.master:
         print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
               f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"

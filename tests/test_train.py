@@ -358,10 +358,10 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     common = ["configs/finetune_gpt2_shakespeare.toml", "--device=cpu", "--dtype=float32", "--block_size=16",
               "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=2", f"--data_dir={data}",
               f"--out_dir={out}", "--n_layer=6"]
-    first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
+    first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0", "--vocab_size=50304"))
     assert "shape comes from the weights (1 layers, 2 heads, n_embd 16" in first.stdout, first.stdout
     # the one model setting given, not train.py's own defaults for a model from scratch
-    assert re.search(r"; not used: n_layer=6$", first.stdout, re.M), first.stdout
+    assert re.search(r"; not used: vocab_size=50304, n_layer=6$", first.stdout, re.M), first.stdout
     ckpt = load(out / "ckpt.pt")
     c = ckpt["model_config"]
     assert (c["n_layer"], c["n_head"], c["n_embd"], c["block_size"], c["pos_embedding"]) == (1, 2, 16, 16, "learned")
