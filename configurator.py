@@ -26,11 +26,15 @@ class ConfigError(ValueError):
     pass
 
 
+class OutOfRange(ConfigError):
+    """A value of the right type that no setting can take (an integer beyond 64 bits)."""
+
+
 def fail(message, status=2):
     """The one way scripts report bad input: a single line on stderr, no traceback. Under torchrun, where
     every process reaches this verdict (distributed.fail_together), each machine's first process says it
     and the others exit quietly, so the terminal shows the line once rather than once per process."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("LOCAL_RANK", "0") == "0":  # torchrun sets both
         print(f"error: {message}", file=sys.stderr)
     sys.exit(status)
 
@@ -56,7 +60,9 @@ def convert(key, tp, value, from_text):
             return None
         try:
             return convert(key, next(a for a in args if a is not type(None)), value, from_text)
-        except ConfigError:
+        except OutOfRange:
+            raise
+        except ConfigError:  # the wrong kind of value: say that none is a choice too
             raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}") from None
     if tp is bool:
         if not from_text:
@@ -84,7 +90,7 @@ def convert(key, tp, value, from_text):
         if not finite:
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if ok and tp is int and not -2**63 <= int(value) < 2**63:  # torch's integers are 64-bit: an overflow later
-        raise ConfigError(f"{key}={value} does not fit in 64 bits; give a smaller number")
+        raise OutOfRange(f"{key}={value} does not fit in 64 bits; give a smaller number")
     if ok:
         return tp(value)
     raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")

@@ -474,6 +474,17 @@ def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_pat
     assert "exitcode: 1" in launcher_stderr  # a fault, not bad input
 
 
+def test_a_local_rank_left_in_the_environment_does_not_silence_errors(monkeypatch, capsys):
+    """Only torchrun's workers past each machine's first stay quiet; a LOCAL_RANK left in a shell by another
+    launcher is not one of them."""
+    from configurator import fail
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(SystemExit):
+        fail("bad input")
+    assert capsys.readouterr().err == "error: bad input\n"
+
+
 def test_under_torchrun_bad_input_is_said_once(tmp_path, data_dir):
     """Every rank finds --batch_size=0 bad; the terminal shows the line once, not once per rank (torchrun's
     own report of a failed worker follows it: the launcher's, not train.py's)."""

@@ -954,10 +954,12 @@ def test_a_bad_boolean_says_how_to_spell_one(tmp_path, TrainConfig, argv_or_toml
 
 
 @pytest.mark.parametrize("argv_or_toml", ["--batch_size=99999999999999999999", "batch_size = -9223372036854775809"])
-def test_an_integer_beyond_64_bits_is_one_line(tmp_path, TrainConfig, argv_or_toml):
+def test_an_integer_beyond_64_bits_is_one_line(tmp_path, TrainConfig, SampleConfig, argv_or_toml):
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
     with pytest.raises(ConfigError, match=r"^batch_size=-?\d+ does not fit in 64 bits; give a smaller number$"):
         load_config(TrainConfig, argv)
+    with pytest.raises(ConfigError, match=r"^top_k=\d+ does not fit in 64 bits"):  # an optional setting says so too
+        load_config(SampleConfig, ["--top_k=99999999999999999999"])
 
 
 def test_literal_error_lists_choices(TrainConfig):
