@@ -135,7 +135,10 @@ def single(cfg):
     device = resolve_device(cfg.device)
     # torch's threads alone: set_threads would also make malloc keep freed memory (hardware.keep_freed_memory),
     # undoing the MALLOC_* limits this child was started with, which make a freed tensor leave RSS at once
-    torch.set_num_threads(pick_threads(cfg.threads))
+    try:
+        torch.set_num_threads(pick_threads(cfg.threads))
+    except ValueError as e:
+        fail(e)
     try:
         warm_up_autograd(device, getattr(torch, cfg.dtype))
         step = make_case(cfg, backend, T, device)  # the baseline below includes its module and inputs

@@ -223,9 +223,10 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
     ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be >= 0"),
     ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
+    ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be >= 0"),
 ])
 def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
-    proc = launch(script, flag, f"--out={tmp_path / 'x.json'}")
+    proc = launch(script, *flag.split(), f"--out={tmp_path / 'x.json'}")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert not (tmp_path / "x.json").exists()
 
