@@ -28,6 +28,7 @@ import os
 import socket
 import sys
 import tempfile
+import urllib.request
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -236,10 +237,13 @@ def _check_hub_reachable(name, timeout=5.0):
     env = os.environ
     if any(env.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")):
         return  # offline mode: datasets looks only in the local cache, and fails fast itself
-    # through a proxy the first hop is the proxy: one that is not there fails as fast (past it, datasets tries)
-    proxy = next((env[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") if env.get(k)), "")
-    first_hop = (proxy if "//" in proxy else f"http://{proxy}") if proxy else env.get("HF_ENDPOINT", "https://huggingface.co")
-    url = urlparse(first_hop)
+    # through a proxy the first hop is the proxy: one that is not there fails as fast (past it, datasets tries).
+    # The proxy the HTTP libraries would take: by the endpoint's scheme, unless NO_PROXY names its host
+    endpoint = urlparse(env.get("HF_ENDPOINT", "https://huggingface.co"))
+    proxies = urllib.request.getproxies_environment()
+    bypassed = urllib.request.proxy_bypass_environment(endpoint.hostname or "", proxies)
+    proxy = "" if bypassed else proxies.get(endpoint.scheme) or proxies.get("all", "")
+    url = urlparse(proxy if "//" in proxy else f"http://{proxy}") if proxy else endpoint
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     try:
         socket.create_connection((host, port), timeout=timeout).close()

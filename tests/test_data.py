@@ -323,23 +323,27 @@ def test_prepare_bpe_hub_name_offline(tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9", "127.0.0.1:9"])
+@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9", "127.0.0.1:9", "bypassed"])
 def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkeypatch, proxy):
     """The proxy refuses (nothing listens there): one line at once. Without the proxy's own check, datasets
     retried through it for ~25 s, with ten lines of retry warnings, before the same verdict."""
-    for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("HTTPS_PROXY", proxy)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9" if proxy == "bypassed" else proxy)
+    if proxy == "bypassed":  # NO_PROXY names the Hub: the HTTP libraries go there directly, and so does the check
+        monkeypatch.setenv("NO_PROXY", "localhost,huggingface.co")
     tried = []
 
     def refused(address, *args, **kwargs):
         tried.append(address)
         raise ConnectionRefusedError(111, "Connection refused")
     monkeypatch.setattr(socket, "create_connection", refused)
-    with pytest.raises(ValueError, match=rf"^cannot reach the proxy {re.escape(proxy)} to the Hugging Face Hub "
-                                         r"\(127.0.0.1:9: \[Errno 111\] Connection refused\)"):
+    hop = "the Hugging Face Hub (huggingface.co:443" if proxy == "bypassed" else \
+        f"the proxy {proxy} to the Hugging Face Hub (127.0.0.1:9"
+    with pytest.raises(ValueError, match=rf"^cannot reach {re.escape(hop)}: \[Errno 111\] Connection refused\)"):
         prepare_bpe(str(tmp_path / "o"), dataset="someone/some_dataset")
-    assert tried == [("127.0.0.1", 9)] and not (tmp_path / "o").exists()
+    assert tried == [("huggingface.co", 443) if proxy == "bypassed" else ("127.0.0.1", 9)]
+    assert not (tmp_path / "o").exists()
 
 
 # --- reading a data dir ----------------------------------------------------------------------
