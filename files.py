@@ -105,8 +105,8 @@ class NotSavedByTorch(ValueError):
 def load_torch_file(path, map_location="cpu"):
     """What torch.save wrote to path, loaded with weights_only=True: plain data and tensors, so that
     loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
-    NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of its own; torch.load's own errors
-    (a damaged archive, pickled objects) pass through."""
+    NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of
+    its own; torch.load's own errors (a damaged archive, pickled objects) pass through."""
     import torch  # here, not at the top: data/prepare.py writes through this module and starts without torch
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")

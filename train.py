@@ -55,7 +55,7 @@ class TrainConfig(GPTConfig):
     n_head: int = 4
     n_embd: int = 0  # width of the residual stream; 0: 128, or 96 on a CPU without bf16 instructions
     pos_embedding: Positions = "rope"
-    activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2 here: cheaper than GELU, as good or better in 190 s (bench/README.md)
+    activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2: cheaper than GELU, as good or better in 190 s
     # I/O
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
@@ -187,7 +187,8 @@ def main(cfg):
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
                 torch.manual_seed(cfg.seed + setup.rank)
             if checkpoint is not None:
-                note = "\n".join(filter(None, [note, resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)]))
+                stateless = resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)
+                note = "\n".join(filter(None, [note, stateless]))
                 del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
                 check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
@@ -430,7 +431,7 @@ def resume_state(state, checkpoint, path, setup, cfg):
                          f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
                          "train; raise them to train on, or evaluate it with --eval_only=true")
     return (f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "
-            "file lost it): their momentum starts anew" if stateless else "")
+            "file lost it): their optimizer state starts anew" if stateless else "")
 
 
 def wrap_model(cfg, setup, model, optimizers):

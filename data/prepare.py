@@ -61,12 +61,13 @@ HUB_DATA_DIRS = {"data/openwebtext": "Skylion007/openwebtext"}
 def prepare_command(data_dir):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
     make it, for any other the form that prepares a text file there."""
+    folder = os.path.normpath(data_dir)
     for (tokenizer, plays), path in SHAKESPEARE_DIRS.items():
-        if os.path.normpath(data_dir) == os.path.normpath(path):
+        if folder == os.path.normpath(path):
             flags = (" --tokenizer=gpt2" if tokenizer == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
             return f"python data/prepare.py{flags}"
-    if os.path.normpath(data_dir) in HUB_DATA_DIRS:
-        return f"python data/prepare.py --dataset={HUB_DATA_DIRS[os.path.normpath(data_dir)]} --out_dir={data_dir}"
+    if folder in HUB_DATA_DIRS:
+        return f"python data/prepare.py --dataset={HUB_DATA_DIRS[folder]} --out_dir={data_dir}"
     return f"python data/prepare.py --input=FILE --out_dir={data_dir}"
 
 
