@@ -118,7 +118,7 @@ def check_resumable(checkpoint, path, cfg, meta):
                          f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
     # a model setting the first run's code did not have yet was at GPTConfig's default: GPT-2's way,
     # the only one that code knew (TrainConfig's default for it may differ)
-    # (vocab_size as set, 0 meaning the data's, is compared as the vocabulary it resolves to, below)
+    # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     compared = [k for k in WEIGHT_SETTINGS if k != "vocab_size"]
     before = {k: saved.get(k, getattr(GPTConfig, k)) for k in compared}
     differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in compared if before[k] != getattr(cfg, k)]
@@ -129,8 +129,8 @@ def check_resumable(checkpoint, path, cfg, meta):
                   f"resume on the data it was trained on (--data_dir={saved.get('data_dir', '...')})")
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
                          f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); {remedy}")
-    vocab_size = cfg.vocab_size or meta["vocab_size"]
-    if checkpoint["model_config"]["vocab_size"] != vocab_size:
+    vocab_size = cfg.vocab_size or meta["vocab_size"]  # set as before (where GPT-2's weights overrode it), or the same
+    if cfg.vocab_size != saved.get("vocab_size") and checkpoint["model_config"]["vocab_size"] != vocab_size:
         differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")

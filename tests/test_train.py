@@ -343,8 +343,8 @@ def test_the_default_width_resumes_at_the_checkpoints_on_another_cpu(tmp_path, d
 
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
-    model's shape comes from the weights, not from the flags, and the run resumes from its checkpoint
-    with the same command line."""
+    model's shape comes from the weights, not from the flags (a vocab_size too), and the run resumes from
+    its checkpoint with the same command line."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from data.prepare import prepare_bpe
@@ -357,8 +357,8 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     prepare_bpe(str(data), texts=[TEXT])
     common = ["configs/finetune_gpt2_shakespeare.toml", "--device=cpu", "--dtype=float32", "--block_size=16",
               "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=2", f"--data_dir={data}",
-              f"--out_dir={out}", "--n_layer=6"]
-    first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0", "--vocab_size=50304"))
+              f"--out_dir={out}", "--n_layer=6", "--vocab_size=50304"]
+    first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
     assert "shape comes from the weights (1 layers, 2 heads, n_embd 16" in first.stdout, first.stdout
     # the one model setting given, not train.py's own defaults for a model from scratch
     assert re.search(r"; not used: vocab_size=50304, n_layer=6$", first.stdout, re.M), first.stdout
