@@ -199,6 +199,15 @@ def last_level_cache_bytes():
     return sizes[max(sizes)] if sizes else 32 * 2**20
 
 
+def memory_bytes(device):
+    """How much memory the device has: a GPU's own, or this machine's for a CPU; None where it cannot be told."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[1]
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
 # ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training
 # step uses. Peaks come from datasheets (dense, no sparsity) on GPUs, and on a CPU from a short
 # matrix-multiply probe run once and cached, since no table can know a CPU's.

@@ -22,7 +22,7 @@ from checkpoint import checkpoint_tokenizer, ckpt_path, field_problems, load_che
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer
 from files import check_writable, read_text_file
-from hardware import DType, check_threads, pick_device, pick_dtype, set_up_cpu
+from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, set_up_cpu
 from log import OutputThatMayClose
 from model import GPT, check_init_from, check_sampling
 
@@ -144,13 +144,8 @@ def check_fits(model, cfg, n_prompt, device, dtype):
     tensors per layer of num_samples x block_size x n_embd), against the device's memory."""
     c, new = model.config, cfg.new_tokens()
     needed = cfg.num_samples * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
-    if device.startswith("cuda"):
-        memory = torch.cuda.mem_get_info(device)[1]
-    elif hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    else:
-        return
-    if needed > memory:
+    memory = memory_bytes(device)
+    if memory is not None and needed > memory:
         raise ValueError(f"num_samples={cfg.num_samples} x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB "
                          f"for their tokens and KV cache; this {device.split(':')[0]} has {memory / 2**30:,.0f} GiB: "
                          "ask for fewer --num_samples or --max_new_tokens")

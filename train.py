@@ -36,8 +36,8 @@ from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
-from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, pick_device, pick_dtype,
-                      set_up_cpu)
+from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
+                      pick_dtype, set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Positions, check_init_from
 from optim import Muon, configure_optimizers, lr_multiplier, set_lr
@@ -335,6 +335,7 @@ def build_model(cfg, meta, checkpoint, setup):
         return model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
     wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
     if cfg.init_from == "scratch":
+        check_model_fits(wanted)
         return GPT(wanted)
     model = GPT.from_pretrained(cfg.init_from, **runtime)
     model.crop_block_size(cfg.block_size)
@@ -346,6 +347,19 @@ def build_model(cfg, meta, checkpoint, setup):
               f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"
               + (f"; not used: {', '.join(ignored)}" if ignored else ""))
     return model
+
+
+def check_model_fits(config):
+    """ValueError if a new model's fp32 weights alone would outgrow this machine's memory, where it is
+    built: a mistyped n_layer would build blocks for minutes before memory ran out. Counted from a
+    model of one block and one of two, built without memory (the meta device)."""
+    with torch.device("meta"):
+        one, two = (sum(p.numel() for p in GPT(replace(config, n_layer=n)).parameters()) for n in (1, 2))
+    n_params, memory = one + (config.n_layer - 1) * (two - one), memory_bytes("cpu")
+    if memory is not None and 4 * n_params > memory:
+        raise ValueError(f"n_layer={config.n_layer} x n_embd={config.n_embd} is a model of {n_params:,} parameters, "
+                         f"{4 * n_params / 2**30:,.0f} GiB of fp32 weights alone, and this machine has "
+                         f"{memory / 2**30:,.0f} GiB: make it smaller (--n_layer, --n_embd)")
 
 
 def new_train_state(cfg, setup, model, train_tokens):

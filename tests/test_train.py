@@ -746,6 +746,19 @@ def test_running_out_of_memory_while_building_the_model_says_so(tmp_path, data_d
                                        "make it smaller; nothing was saved\n"), out.err
 
 
+def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path, data_dir, launch):
+    """A mistyped n_layer (a billion blocks of 16 channels: ~12 TiB of weights) is one line at once, naming
+    its size and the machine's, where building it would run for minutes before memory ran out."""
+    out = tmp_path / "out"
+    started = time.time()
+    refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
+    assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
+    assert re.fullmatch(r"error: n_layer=1000000000 x n_embd=16 is a model of 3,\d{3},\d{3},\d{3},\d{3} "
+                        r"parameters, [\d,]+ GiB of fp32 weights alone, and this machine has [\d,]+ GiB: make it "
+                        r"smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
+    assert not out.exists()
+
+
 def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
     """Run where `data` is a file: the default corpus cannot be prepared in data/shakespeare_char."""
     import train
