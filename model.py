@@ -24,6 +24,7 @@ Positions = Literal["learned", "rope"]  # a learned table of positions, or rotar
 # the MLP's nonlinearity: GELU's tanh approximation (GPT-2's), the exact GELU (erf), or ReLU squared
 # (relu(x)^2, modded-nanogpt's and nanochat's: cheaper, and as good or better at small scale)
 Activation = Literal["gelu_tanh", "gelu", "relu2"]
+Norm = Literal["layernorm", "rmsnorm"]  # GPT-2's LayerNorm (centre, then scale), or RMSNorm (scale only: fewer ops)
 
 
 @dataclass
@@ -38,7 +39,7 @@ class GPTConfig:
     attention: Backend = "manual"  # who computes attention: the hand-written path or a fused kernel
     # beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
     pos_embedding: Positions = "learned"  # positions: a learned table, or rotary in attention
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation before attention, MLP and head
+    norm: Norm = "layernorm"  # normalisation before attention, MLP and head
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     zero_init: bool = False  # output projections start at zero: every block starts as the identity
     activation: Activation = "gelu_tanh"  # the MLP's nonlinearity: gelu_tanh as GPT-2, the exact gelu, or relu2
