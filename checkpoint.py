@@ -116,12 +116,9 @@ def check_resumable(checkpoint, path, cfg, meta):
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
         raise ValueError(f"{path} was trained with optimizer={saved.get('optimizer', defaults.optimizer)} "
                          f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
-    # a model setting the first run's code did not have yet was at GPTConfig's default: GPT-2's way,
-    # the only one that code knew (TrainConfig's default for it may differ)
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
-    compared = [k for k in WEIGHT_SETTINGS if k != "vocab_size"]
-    before = {k: saved.get(k, getattr(GPTConfig, k)) for k in compared}
-    differ = [f"{k}={before[k]} (now {getattr(cfg, k)})" for k in compared if before[k] != getattr(cfg, k)]
+    before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
+    differ = [f"{k}={v} (now {getattr(cfg, k)})" for k, v in before.items() if v != getattr(cfg, k)]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
         same_dir = os.path.normpath(str(saved.get("data_dir", ""))) == os.path.normpath(cfg.data_dir)
         remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
@@ -142,6 +139,14 @@ def check_resumable(checkpoint, path, cfg, meta):
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
     return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
             "will not match an uninterrupted one") if changed else ""
+
+
+def trained_settings(checkpoint):
+    """The model settings the checkpoint's run was given (its config), by name. A setting the first run's
+    code did not have yet was at GPTConfig's default: GPT-2's way, the only one that code knew
+    (TrainConfig's default for it may differ); vocab_size only where it was saved."""
+    saved = checkpoint["config"]
+    return {k: saved.get(k, getattr(GPTConfig, k)) for k in WEIGHT_SETTINGS if k in saved or k != "vocab_size"}
 
 
 RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (check_out_dir, check_resumable, check_resume_fields, ckpt_path, load_checkpoint,
-                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state, unlock_out_dir)
+                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state,
+                        trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
@@ -54,7 +55,7 @@ class TrainConfig(GPTConfig):
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 0  # width of the residual stream; 0: 128, or 96 on a CPU without bf16 instructions
-    bias: bool = False  # biases in Linear and LayerNorm; without them a step has fewer ops: more steps, as good in 190 s
+    bias: bool = False  # biases in Linear and LayerNorm; without them a step has fewer ops: more steps in 190 s
     pos_embedding: Positions = "rope"
     norm: Norm = "rmsnorm"  # normalisation before attention, MLP and head; RMSNorm: no centring, fewer ops
     activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2: cheaper than GELU, as good or better in 190 s
@@ -320,12 +321,14 @@ def load_resume_point(cfg):
 
 
 def as_run(cfg, setup, checkpoint):
-    """cfg with what its 0s and auto mean in this run: n_embd=0 this machine's width (with_machine_width),
-    or a resumed run's, so that the same command line resumes on another CPU; dtype and
+    """cfg with what its defaults, 0s and auto mean in this run: a resumed run's model settings where cfg
+    leaves them at their defaults, so that the same command line resumes on another CPU (n_embd=0 is
+    this machine's width, with_machine_width) or after a default changed; dtype and
     gradient_accumulation_steps as set_up resolved them; data_dir in one spelling (data/x/ is data/x)."""
-    saved_width = checkpoint["config"].get("n_embd") if checkpoint is not None else None
-    if not cfg.n_embd and isinstance(saved_width, int) and saved_width > 0:  # else the machine's
-        cfg = replace(cfg, n_embd=saved_width)
+    if checkpoint is not None:  # a setting given otherwise is compared, and refused, by check_resumable
+        default = type(cfg)()
+        cfg = replace(cfg, **{k: v for k, v in trained_settings(checkpoint).items()  # a damaged type is compared
+                              if getattr(cfg, k) == getattr(default, k) and type(v) is type(getattr(default, k))})
     return replace(with_machine_width(cfg, setup.device_type), dtype=dtype_name(setup.dtype),
                    gradient_accumulation_steps=setup.accumulation_steps, data_dir=os.path.normpath(cfg.data_dir))
 
@@ -357,11 +360,13 @@ def check_model_fits(config):
     model of one block and one of two, built without memory (the meta device)."""
     with torch.device("meta"):
         one, two = (sum(p.numel() for p in GPT(replace(config, n_layer=n)).parameters()) for n in (1, 2))
-    n_params, memory = one + (config.n_layer - 1) * (two - one), memory_bytes("cpu")
+    blocks, outside = config.n_layer * (two - one), 2 * one - two  # outside the blocks: embeddings, head, last norm
+    n_params, memory = blocks + outside, memory_bytes("cpu")
     if memory is not None and 4 * n_params > memory:
-        raise ValueError(f"n_layer={config.n_layer} x n_embd={config.n_embd} is a model of {n_params:,} parameters, "
-                         f"{4 * n_params / 2**30:,.0f} GiB of fp32 weights alone, and this machine has "
-                         f"{memory / 2**30:,.0f} GiB: make it smaller (--n_layer, --n_embd)")
+        larger = "--n_layer, --n_embd" if blocks >= outside else "--vocab_size, --n_embd"
+        raise ValueError(f"n_layer={config.n_layer}, n_embd={config.n_embd} and vocab_size={config.vocab_size} make a "
+                         f"model of {n_params:,} parameters, {4 * n_params / 2**30:,.0f} GiB of fp32 weights alone, "
+                         f"and this machine has {memory / 2**30:,.0f} GiB: make it smaller ({larger})")
 
 
 def new_train_state(cfg, setup, model, train_tokens):

@@ -1061,10 +1061,11 @@ CASES = [
     Case("resume-with-another-optimizer", lambda c: train_args(c, "--init_from=resume", "--optimizer=adamw",
                                                                out=c.ckpt_with(lambda ck: None)),
          lambda c: ["optimizer=muon", "now adamw"]),
-    # written before the code had `activation`: that model was GPT-2's tanh GELU, whatever train.py's default is now
-    Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
-        lambda ck: [ck["config"].pop("activation"), ck["model_config"].pop("activation")])),
-         lambda c: [f"activation=gelu_tanh (now {TrainConfig().activation})"]),
+    # written before the code had `activation`: that model was GPT-2's tanh GELU, and another one given is refused
+    Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(
+        c, "--init_from=resume", "--activation=gelu", out=c.ckpt_with(
+            lambda ck: [ck["config"].pop("activation"), ck["model_config"].pop("activation")])),
+         lambda c: ["activation=gelu_tanh (now gelu)"]),
     Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
     Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),

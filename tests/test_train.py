@@ -341,6 +341,21 @@ def test_the_default_width_resumes_at_the_checkpoints_on_another_cpu(tmp_path, d
     assert train.main(tiny_config(data_dir, tmp_path / "new", compile=False, n_embd=0)).config.n_embd == narrow
 
 
+def test_a_run_of_an_earlier_default_resumes_with_its_command_line(tmp_path, data_dir, capsys):
+    """A model setting left at its default is the checkpoint's on resume: a run trained when the default had
+    biases and LayerNorm resumes with the same command line after the default changed, and the checkpoint
+    keeps saying so; a setting given otherwise is refused."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, bias=True, norm="layernorm", max_iters=2))
+    resumed = train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3, init_from="resume"))
+    saved = load(tmp_path / "ckpt.pt")
+    assert (resumed.config.bias, resumed.config.norm) == (True, "layernorm") and saved["iter_num"] == 3
+    assert (saved["config"]["bias"], saved["config"]["norm"]) == (True, "layernorm")
+    with pytest.raises(SystemExit) as refused:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, init_from="resume", activation="gelu"))
+    assert refused.value.code == 2 and "activation=relu2 (now gelu)" in capsys.readouterr().err
+
+
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
     model's shape comes from the weights, not from the flags (a vocab_size too), and the run resumes from
@@ -383,7 +398,12 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert "resuming" not in rescored.stdout and "training follows" not in rescored.stdout, rescored.stdout
     assert evaluation.findall(rescored.stdout) == evaluation.findall(resumed.stdout)[-1:], rescored.stdout
     assert load(out / "ckpt.pt")["iter_num"] == 3
-    changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=4")
+    # vocab_size=0, the default, takes the first run's setting, which stays the checkpoint's; another is refused
+    check_ok(launch("train.py", *common, "--init_from=resume", "--vocab_size=0", "--max_iters=4"))
+    check_ok(launch("train.py", *common, "--init_from=resume", "--max_iters=5"))
+    other = launch("train.py", *common, "--init_from=resume", "--vocab_size=50400", "--max_iters=6")
+    assert other.returncode == 2 and "a vocabulary of 50257 tokens (now 50400)" in other.stderr, other.stderr
+    changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=6")
     assert changed.returncode == 2 and "n_embd=" in changed.stderr, changed.stderr
     too_long = launch("train.py", *common, f"--init_from={weights}", "--block_size=80", f"--out_dir={tmp_path / 'x'}")
     assert too_long.returncode == 2 and "block_size=80 is larger than the model's 64" in too_long.stderr, too_long.stderr
@@ -753,10 +773,13 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path,
     started = time.time()
     refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
-    assert re.fullmatch(r"error: n_layer=1000000000 x n_embd=16 is a model of 3,\d{3},\d{3},\d{3},\d{3} "
-                        r"parameters, [\d,]+ GiB of fp32 weights alone, and this machine has [\d,]+ GiB: make it "
+    assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 3,\d{3},\d{3},\d{3},"
+                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this machine has [\d,]+ GiB: make it "
                         r"smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
     assert not out.exists()
+    huge_vocabulary = launch("train.py", *TINY, "--vocab_size=10000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
+    assert huge_vocabulary.returncode == 2 and huge_vocabulary.stderr.endswith(
+        "make it smaller (--vocab_size, --n_embd)\n"), huge_vocabulary.stderr
 
 
 def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
