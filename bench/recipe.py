@@ -39,6 +39,7 @@ import torch
 from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine,
                              resolve_device, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from configurator import ConfigError, load_config
 from data.loader import Batches, open_split
 from train import TrainConfig
 
@@ -149,10 +150,16 @@ def check_configs(cfg):
     for c in configs:
         if c != "default" and not os.path.isfile(os.path.join(ROOT, c)) and not os.path.isfile(c):
             fail(f"config file {c!r} not found (paths are relative to the repository root; 'default' means none)")
-    configs = [c if c == "default" else os.path.join(ROOT, c) if os.path.isfile(os.path.join(ROOT, c))
-               else os.path.abspath(c) for c in configs]
+    given, configs = configs, [c if c == "default" else os.path.join(ROOT, c) if os.path.isfile(os.path.join(ROOT, c))
+                               else os.path.abspath(c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
+    for name, c in zip(given, configs):  # train.py's own checks of its settings, before any run trains
+        try:
+            load_config(TrainConfig, ([] if c == "default" else [c]) + shlex.split(cfg.train_args))
+        except (ConfigError, ValueError) as e:
+            with_args = f" with --train_args={cfg.train_args!r}" if cfg.train_args else ""
+            fail(f"{'the default config' if c == 'default' else name}{with_args}: {e}")
     if cfg.base_repo:
         if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
             fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")
@@ -276,6 +283,10 @@ def main(cfg):
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs
     work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))
+    try:
+        os.makedirs(work, exist_ok=True)
+    except OSError as e:
+        fail(f"work_dir={work!r} cannot be made ({e.strerror}); pick another path")
     info = machine_info(device)
     print_machine(info)
     budget = f"{cfg.iterations} iterations" if cfg.iterations else f"{cfg.max_seconds:g} s of training"

@@ -221,6 +221,12 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
     ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
+    ("bench/recipe.py", "--work_dir=/proc/no_such_folder", "work_dir='/proc/no_such_folder' cannot be made"),
+    # train.py's settings are checked before the first run trains, not when a run meets them minutes later
+    ("bench/recipe.py", "--configs=default --train_args=--bogus=1",
+     "the default config with --train_args='--bogus=1': unknown setting"),
+    ("bench/recipe.py", "--configs=configs/gpt2_124m.toml,default --train_args=--n_layer=x",
+     "configs/gpt2_124m.toml with --train_args='--n_layer=x': "),
     ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be >= 0"),
     ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
     ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be >= 0"),
