@@ -69,7 +69,7 @@ if [ "$DRY" = 1 ]; then
   DEV="--device=cpu"
   ATT_ARGS="--dtype=bfloat16 --seq_lens=64,128 --batch_size=1 --n_embd=64 --n_head=2 --repeats=2 --memory=false"
   SHAPE="--n_layer=2 --n_head=2 --n_embd=64 --block_size=32 --vocab_size=256 --repeats=2 --warmup=1"
-  COMPILE_ARGS="$SHAPE --batch_size=2 --variants=none"  # no compiler needed for the toy run
+  COMPILE_ARGS="$SHAPE --batch_size=2 --variants=none --compile=false"  # no compiler needed for the toy run
   ATTENTION_ARGS="$SHAPE --batch_size=2"
   SAMPLE_ARGS="--max_new_tokens=20 --repeats=2"
   PYTEST_ARGS=(-q -rs tests/test_devices.py tests/test_attention.py)
