@@ -738,6 +738,16 @@ def test_a_batch_holds_windows_from_its_offsets_and_targets_one_token_further():
     assert torch.equal(y, x + 1), "each target is the token after its input"
 
 
+def test_batch_offsets_reach_the_last_window_and_no_further():
+    """Offsets run from 0 to len - block_size - 1: the split's last token is a target, and no window reads past it."""
+    from data.loader import Batches
+    tokens = np.arange(11, dtype=np.uint16)  # windows of 8 + 1 tokens start at 0, 1 or 2
+    batches = Batches(tokens, block_size=8, batch_size=4, seed=0, device="cpu")
+    offsets = batches.offsets(100).flatten()
+    assert set(offsets.tolist()) == {0, 1, 2}
+    assert batches.load(offsets)[1].max() == 10
+
+
 
 def test_a_killed_preparation_leaves_no_lasting_temporary_files(tmp_path):
     """What a preparation that was killed (SIGKILL: an out-of-memory killer on a large corpus) had

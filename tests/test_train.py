@@ -1051,6 +1051,9 @@ def test_flag_without_equals(TrainConfig):
     ("--max_seconds=inf", "max_seconds"), ("--dropout=nan", "dropout"), ("--threads=-1", "threads"),
     ("--lr_decay_iters=-5", "lr_decay_iters"), ("--min_lr=0.01", "min_lr"),
     ("--lr_decay_iters=100 --max_seconds=0", "lr_decay_iters"), ("--threads=100000", "threads"),
+    ("--gradient_accumulation_steps=-2", "gradient_accumulation_steps"), ("--max_seconds=-1", "max_seconds"),
+    ("--warmup_iters=-5", "warmup_iters"), ("--vocab_size=-1", "vocab_size"), ("--eval_interval=0", "eval_interval"),
+    ("--eval_iters=0", "eval_iters"), ("--log_interval=0", "log_interval"),
 ])
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
