@@ -57,8 +57,8 @@ class SampleConfig:
     def __post_init__(self):
         check_sampling(self.temperature, self.top_k, self.top_p)
         check_init_from(self.init_from, own=("resume",))
-        if not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if not 0 <= self.seed < 2**63:  # what torch's generators take, and a --key=value integer can be
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.attention_map:
             folder, extension = os.path.dirname(self.attention_map) or ".", os.path.splitext(self.attention_map)[1]
             if extension.lower() not in PICTURE_FORMATS:
@@ -105,6 +105,8 @@ def main(cfg):
         check_fits(model, cfg, len(ids), device, dtype)
     except (ValueError, OSError) as e:
         fail(e)
+    except KeyboardInterrupt:  # while the weights or the tokenizer load: nothing was written yet
+        fail("stopped by Ctrl-C", status=128 + signal.SIGINT)
     # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
     # bytes in bf16, where autocast would cast every fp32 weight again for every token
     model.eval().to(device=device, dtype=dtype)

@@ -735,6 +735,19 @@ def test_a_reader_of_sample_py_that_leaves_stops_it_quietly(trained):
     assert proc.returncode == 128 + signal.SIGPIPE and stderr == "", stderr
 
 
+def test_ctrl_c_while_sample_py_loads_its_model_is_one_line(trained, monkeypatch, capsys):
+    """Ctrl-C while the weights or the tokenizer load (seconds for GPT-2's): one line, exit 128 + SIGINT."""
+    import sample
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "load_model", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu"))
+    assert stopped.value.code == 128 + signal.SIGINT and capsys.readouterr().err == "error: stopped by Ctrl-C\n"
+
+
 def test_ctrl_c_while_sample_py_streams_is_one_line(trained):
     """Ctrl-C while sample.py writes: the line being written ends, then one line on stderr, exit 128 + SIGINT."""
     # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT

@@ -1088,6 +1088,13 @@ def test_sample_range_checks_are_config_errors(SampleConfig, flag, key):
         load_config(SampleConfig, [flag])
 
 
+def test_sample_takes_every_seed_its_check_allows(SampleConfig):
+    """[0, 2**63): the seeds a --key=value integer can be, and each one a torch generator takes."""
+    torch.Generator().manual_seed(SampleConfig(seed=2**63 - 1).seed)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\), got 9223372036854775808"):
+        SampleConfig(seed=2**63)
+
+
 def test_flag_without_equals_is_named_before_a_file_is_read(TrainConfig):
     with pytest.raises(ConfigError, match=r"--key=value \(e.g. --input=...\)"):
         load_config(TrainConfig, ["--input", "a.txt"])
