@@ -8,7 +8,7 @@ import json
 import math
 import os
 import pickle
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args, get_origin
 
 import torch
@@ -258,28 +258,10 @@ class GPT(nn.Module):
                              f"{' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call "
                              "crop_block_size() after loading")
         directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
-        if not os.path.isfile(os.path.join(directory, "config.json")):
-            raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json "
-                             "and model.safetensors (or pytorch_model.bin)")
-        try:
-            with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-                hf = json.load(f)
-        except ValueError as e:  # not JSON, or not UTF-8
-            raise ValueError(f"{directory}/config.json is damaged ({str(e).splitlines()[0]}); download the model "
-                             "again") from None
-        shape = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
-        missing = [k for k in shape if k not in hf] if isinstance(hf, dict) else list(shape)
-        if missing:
-            raise ValueError(f"{directory}/config.json lacks {', '.join(missing)}: it is not a GPT-2 config")
-        wrong = [f"{k}={hf[k]!r}" for k in shape if not isinstance(hf[k], int) or isinstance(hf[k], bool)]
-        if wrong:
-            raise ValueError(f"{directory}/config.json is damaged ({', '.join(wrong)}: these are whole numbers in "
-                             "GPT-2's config); download the model again")
-        config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                           n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
-                           activation=gpt2_activation(hf, directory), **overrides)
-        model = cls(config)
+        config = replace(hf_config(directory), **overrides)
         sd_hf = load_hf_state_dict(directory)
+        check_hf_shape(sd_hf, config, directory)  # before building: a mistyped n_layer would build for minutes
+        model = cls(config)
         sd = model.state_dict()
         # Hugging Face keeps these four as Conv1D with (in, out) weights; nn.Linear wants (out, in)
         conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -378,6 +360,49 @@ def download_from_hub(name):
                          "from there; download its config.json and pytorch_model.bin yourself into a directory "
                          "and pass that directory instead of the name: a local pytorch_model.bin loads")
     return directory
+
+
+def hf_config(directory):
+    """The GPTConfig that a Hugging Face GPT-2 directory's config.json describes; a ValueError naming
+    the file and what is wrong with it."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.isfile(path):
+        ours = (f"; it holds train.py's ckpt.pt: give --init_from=resume --out_dir={directory}"  # an out_dir
+                if os.path.isfile(os.path.join(directory, "ckpt.pt")) else "")
+        raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json and "
+                         f"model.safetensors (or pytorch_model.bin){ours}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path} is damaged ({str(e).splitlines()[0]}); download the model again") from None
+    shape = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
+    missing = [k for k in shape if k not in hf] if isinstance(hf, dict) else list(shape)
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it is not a GPT-2 config")
+    wrong = [f"{k}={hf[k]!r}" for k in shape if not isinstance(hf[k], int) or isinstance(hf[k], bool)]
+    if wrong:
+        raise ValueError(f"{path} is damaged ({', '.join(wrong)}: these are whole numbers in GPT-2's config); "
+                         "download the model again")
+    activation = gpt2_activation(hf, directory)
+    try:
+        return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                         n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation)
+    except ValueError as e:  # n_head=3 for 16 channels, say
+        raise ValueError(f"{path} is damaged ({e}); download the model again") from None
+
+
+def check_hf_shape(sd_hf, config, directory):
+    """ValueError unless config.json's number of blocks, width and vocabulary are its weights'."""
+    key_parts = [k.split(".") for k in sd_hf]  # (transformer.)h.<block>.ln_1.weight, ...
+    blocks = {parts[parts.index("h") + 1] for parts in key_parts if "h" in parts[:-1]}
+    wte = next((sd_hf[k] for k in ("transformer.wte.weight", "wte.weight") if k in sd_hf), None)
+    found = {"n_layer": len(blocks), **({"vocab_size": wte.shape[0], "n_embd": wte.shape[1]}
+                                          if isinstance(wte, torch.Tensor) and wte.dim() == 2 else {})}
+    wrong = [f"{k}={getattr(config, k)}, the weights {v}" for k, v in found.items() if getattr(config, k) != v]
+    if wrong:
+        raise ValueError(f"{directory}/config.json does not describe its weights ({'; '.join(wrong)}); download the "
+                         "model again")
 
 
 def load_hf_state_dict(directory):

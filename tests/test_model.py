@@ -4,6 +4,7 @@ configuration. Every model-level property runs on every backend that runs on CPU
 import json
 import math
 import shutil
+import time
 import zlib
 from dataclasses import asdict
 
@@ -518,13 +519,28 @@ def test_from_pretrained_runs_the_exact_gelu_that_config_json_names(hf_gpt2, tmp
         torch.testing.assert_close(model(idx)[0], expected, atol=1e-4, rtol=0)
 
 
-def test_from_pretrained_rejects_mismatched_weights(hf_gpt2, tmp_path):
+@pytest.mark.parametrize("key, value, says", [
+    ("n_embd", 64, r"does not describe its weights \(n_embd=64, the weights 32\)"),  # 32-wide tensors
+    # checked before the model is built: a hundred thousand blocks would take minutes and all memory
+    ("n_layer", 100_000, r"does not describe its weights \(n_layer=100000, the weights 2\)"),
+    ("n_positions", 32, r"transformer.wpe.weight has shape \(64, 32\), expected \(32, 32\)"),
+    ("n_head", 3, r"config.json is damaged \(n_embd=32 must be divisible by n_head=3"),
+])
+def test_from_pretrained_rejects_a_config_that_does_not_fit_its_weights(hf_gpt2, tmp_path, key, value, says):
     directory, *_ = hf_gpt2
     cfg = json.load(open(f"{directory}/config.json"))
-    cfg["n_embd"] = 64  # the file holds 32-wide tensors
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["n_positions"]) == (2, 32, 64)  # what the messages name
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, key: value}))
     (tmp_path / "model.safetensors").write_bytes(open(f"{directory}/model.safetensors", "rb").read())
-    with pytest.raises(ValueError, match="has shape"):
+    started = time.time()
+    with pytest.raises(ValueError, match=says):
+        GPT.from_pretrained(str(tmp_path))
+    assert time.time() - started < 10
+
+
+def test_from_pretrained_given_a_train_py_out_dir_says_how_to_read_it(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match=f"holds train.py's ckpt.pt: give --init_from=resume --out_dir={tmp_path}$"):
         GPT.from_pretrained(str(tmp_path))
 
 
