@@ -40,7 +40,8 @@ from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fa
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
                       pick_dtype, set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
-from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
+from model import (GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from,
+                   train_py_out_dir)
 from optim import Muon, configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
@@ -179,9 +180,11 @@ def main(cfg):
             setup = set_up(cfg)
             data = load_data(cfg, setup)
             checkpoint = load_resume_point(cfg)
-            cfg = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
+            cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
+            check_data(cfg, data)
             if checkpoint is not None:
-                note = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
+                changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
+                note = "\n".join(filter(None, [note, changed]))
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
             np.random.seed(cfg.seed)
@@ -296,7 +299,11 @@ def load_data(cfg, setup):
         if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
-    data = Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta))
+    return Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta))
+
+
+def check_data(cfg, data):
+    """ValueError unless the data suits the run's settings (a resumed run's, as_run's: its block_size, say)."""
     for split, tokens in (("train", data.train), ("val", data.val)):
         if len(tokens) <= cfg.block_size:
             raise ValueError(f"{cfg.data_dir}/{split}.bin has {len(tokens)} tokens, not more than "
@@ -305,10 +312,11 @@ def load_data(cfg, setup):
         raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the {data.meta['vocab_size']} tokens of "
                          f"{cfg.data_dir}; use --vocab_size=0 for the data's own")
     if cfg.init_from not in ("scratch", "resume") and data.meta["tokenizer"] != "gpt2":
+        if train_py_out_dir(cfg.init_from):
+            raise ValueError(f"init_from={cfg.init_from!r} is not GPT-2's weights: {train_py_out_dir(cfg.init_from)}")
         raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                          f"holds {data.meta['tokenizer']} tokens; prepare it with "
                          "`python data/prepare.py --tokenizer=gpt2 ...`")
-    return data
 
 
 def load_resume_point(cfg):
@@ -321,16 +329,27 @@ def load_resume_point(cfg):
 
 
 def as_run(cfg, setup, checkpoint):
-    """cfg with what its defaults, 0s and auto mean in this run: a resumed run's model settings where cfg
-    leaves them at their defaults, so that the same command line resumes on another CPU (n_embd=0 is
-    this machine's width, with_machine_width) or after a default changed; dtype and
-    gradient_accumulation_steps as set_up resolved them; data_dir in one spelling (data/x/ is data/x)."""
+    """(cfg with what its defaults, 0s and auto mean in this run, a note naming the model settings it took
+    from the checkpoint or ""). A resumed run's model settings where cfg leaves them at their defaults,
+    so that the same command line resumes on another CPU (n_embd=0 is this machine's width,
+    with_machine_width) or after a default changed; dtype and gradient_accumulation_steps as set_up
+    resolved them; data_dir in one spelling (data/x/ is data/x)."""
+    taken = {}
     if checkpoint is not None:  # a setting given otherwise is compared, and refused, by check_resumable
         default = type(cfg)()
-        cfg = replace(cfg, **{k: v for k, v in trained_settings(checkpoint).items()  # a damaged type is compared
-                              if getattr(cfg, k) == getattr(default, k) and type(v) is type(getattr(default, k))})
+        taken = {k: v for k, v in trained_settings(checkpoint).items()  # a damaged type is compared, not taken
+                 if getattr(cfg, k) == getattr(default, k) and type(v) is type(getattr(default, k))}
+        try:
+            cfg = replace(cfg, **taken)
+        except ValueError as e:  # a value this code no longer has (an activation it dropped, say)
+            raise ValueError(f"{ckpt_path(cfg.out_dir)} was trained with a setting this code does not take ({e}); "
+                             "resume it with the code that wrote it, or start a new run") from None
+    resolved = with_machine_width(type(cfg)(), setup.device_type)  # a default is noted only where it differs
+    shown = [f"{k}={v}" for k, v in taken.items() if v != getattr(resolved, k)]
+    kept = f"note: the model's settings as the checkpoint has them: {', '.join(shown)}" if shown else ""
     return replace(with_machine_width(cfg, setup.device_type), dtype=dtype_name(setup.dtype),
-                   gradient_accumulation_steps=setup.accumulation_steps, data_dir=os.path.normpath(cfg.data_dir))
+                   gradient_accumulation_steps=setup.accumulation_steps,
+                   data_dir=os.path.normpath(cfg.data_dir)), kept
 
 
 def build_model(cfg, meta, checkpoint, setup):

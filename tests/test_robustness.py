@@ -1074,6 +1074,12 @@ CASES = [
     Case("resume-with-another-optimizer", lambda c: train_args(c, "--init_from=resume", "--optimizer=adamw",
                                                                out=c.ckpt_with(lambda ck: None)),
          lambda c: ["optimizer=muon", "now adamw"]),
+    # a value this code does not take (one a later version dropped, say) names the checkpoint, not a flag
+    Case("resume-a-setting-this-code-does-not-take", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["config"], "activation", "swish"))),
+         lambda c: ["was trained with a setting this code does not take (unknown activation 'swish'"]),
+    Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
+         lambda c: [f"is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume --out_dir={c.trained}"]),
     # written before the code had `activation`: that model was GPT-2's tanh GELU, and another one given is refused
     Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(
         c, "--init_from=resume", "--activation=gelu", out=c.ckpt_with(

@@ -356,6 +356,19 @@ def test_a_run_of_an_earlier_default_resumes_with_its_command_line(tmp_path, dat
     assert refused.value.code == 2 and "activation=relu2 (now gelu)" in capsys.readouterr().err
 
 
+def test_a_resumed_runs_data_is_checked_against_its_own_block_size(tmp_path, capsys):
+    """Left at its default, block_size is the checkpoint's (8) on resume, and so is the check of the data: a
+    val split of 30 tokens serves it, though not the default's 64; the run says which settings it took."""
+    import train
+    from data.prepare import prepare_char
+    prepare_char(TEXT, str(tmp_path / "data"), val_text=TEXT[:30])
+    train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=2))
+    resumed = train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=3, init_from="resume",
+                                     block_size=train.TrainConfig().block_size))
+    assert resumed.config.block_size == 8 and load(tmp_path / "out" / "ckpt.pt")["iter_num"] == 3
+    assert "note: the model's settings as the checkpoint has them: block_size=8\n" in capsys.readouterr().out
+
+
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
     model's shape comes from the weights, not from the flags (a vocab_size too), and the run resumes from
