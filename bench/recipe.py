@@ -92,13 +92,18 @@ def label(config):
     return name if repo == ROOT else f"base-{name}"
 
 
-def run_train(cfg, config, seed, out_dir):
-    repo, config = config if isinstance(config, tuple) else (ROOT, config)
-    argv = [sys.executable, os.path.join(repo, "train.py")] + ([] if config == "default" else [config])
+def train_args(cfg, config, seed, out_dir):
+    """The arguments of one run's train.py: its config file, the budget, then --train_args."""
     budget = ["--max_seconds=0", f"--max_iters={cfg.iterations}"] if cfg.iterations else \
         [f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000"]
-    argv += [f"--out_dir={out_dir}", f"--seed={seed}", *budget, "--eval_interval=1000000000",
-             f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
+    return ([] if config == "default" else [config]) + [
+        f"--out_dir={out_dir}", f"--seed={seed}", *budget, "--eval_interval=1000000000",
+        f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
+
+
+def run_train(cfg, config, seed, out_dir):
+    repo, config = config if isinstance(config, tuple) else (ROOT, config)
+    argv = [sys.executable, os.path.join(repo, "train.py")] + train_args(cfg, config, seed, out_dir)
     env = dict(os.environ)
     if cfg.threads > 0:
         env["OMP_NUM_THREADS"] = str(cfg.threads)
@@ -154,12 +159,16 @@ def check_configs(cfg):
                                else os.path.abspath(c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
-    for name, c in zip(given, configs):  # train.py's own checks of its settings, before any run trains
+    here = os.getcwd()
+    for name, c in zip(given, configs):  # train.py's own checks of the settings it will get, before any run trains
         try:
-            load_config(TrainConfig, ([] if c == "default" else [c]) + shlex.split(cfg.train_args))
+            os.chdir(ROOT)  # where the runs start: a relative --init_from is found from there
+            load_config(TrainConfig, train_args(cfg, c, seed=0, out_dir="out"))
         except (ConfigError, ValueError) as e:
             with_args = f" with --train_args={cfg.train_args!r}" if cfg.train_args else ""
             fail(f"{'the default config' if c == 'default' else name}{with_args}: {e}")
+        finally:
+            os.chdir(here)
     if cfg.base_repo:
         if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
             fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")

@@ -264,6 +264,21 @@ def test_bench_out_under_folders_that_cannot_be_made_names_the_folder(capsys):
     assert err.count("\n") == 1 and "cannot make the folder /proc/no_such_folder:" in err and " in /proc;" in err, err
 
 
+def test_recipe_bench_checks_the_settings_each_run_will_get(tmp_path, monkeypatch, capsys):
+    """The check before any run trains sees the budget's flags too: with a budget in iterations a decay that ends
+    before warm-up is refused at once, and under a time budget, which reads neither, the same config passes;
+    a relative --init_from is looked up where the runs start, the repository root."""
+    from bench.recipe import RecipeBench, check_configs
+    decay = tmp_path / "decay.toml"
+    decay.write_text("max_seconds = 0\nwarmup_iters = 100\nlr_decay_iters = 50\n")  # a recipe in iterations
+    assert check_configs(RecipeBench(configs=str(decay), max_seconds=1)) == [str(decay)]
+    with pytest.raises(SystemExit):
+        check_configs(RecipeBench(configs=str(decay), iterations=3))
+    assert "lr_decay_iters=50 would end the decay before warm-up ends" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # data/ is a directory in the repository root, not here
+    assert check_configs(RecipeBench(configs="default", train_args="--init_from=data")) == ["default"]
+
+
 def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_path, data_dir):
     """train.py runs in its checkout; a config path and work_dir given relative to the caller's directory
     still name the same files there."""
