@@ -37,7 +37,7 @@ PAGE_NEW_TOKENS = 128
 class SampleConfig:
     out_dir: str = "out"  # where train.py wrote ckpt.pt
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
-    start: str = "\n"  # the prompt, or FILE:path to read it from a file
+    start: str = "\n"  # the prompt (a newline unless given; in bash $'...' writes one: --start=$'ROMEO:\n'), or FILE:path
     num_samples: int = 2  # how many samples, drawn together as one batch
     max_new_tokens: Optional[int] = None  # tokens to write per sample (none: 500; an .html map: to the line end)
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
