@@ -10,6 +10,7 @@ import shlex
 import signal
 import socket
 import sys
+import traceback
 
 import torch
 
@@ -144,6 +145,13 @@ def stop_if_a_peer_is_gone(error):
 def leave_process_group():
     """Leave the process group, after a barrier (so rank 0 finishes its last save) unless failing."""
     if torch.distributed.is_initialized():
-        if sys.exc_info()[0] in (None, SystemExit):
+        kind, _, frames = sys.exc_info()
+        if kind in (None, SystemExit):
             torch.distributed.barrier()
+        if frames is not None:
+            # the frames an exit or error left (train's, after a SIGTERM) hold the DDP wrapper: freed at the
+            # interpreter's exit, its reducer would free the gloo group last, holding the GIL while it waits
+            # for the group's threads, one of which may need the GIL to free a collective's tensors: a hang.
+            # Freed now, while the group is registered, the group goes below, and its threads with it.
+            traceback.clear_frames(frames)
         torch.distributed.destroy_process_group()

@@ -5,6 +5,7 @@ batches."""
 import collections
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -156,3 +157,36 @@ def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(
         assert exit.value.code == 2 and capsys.readouterr().err == f"error: {said}\n"
     monkeypatch.setattr(distributed, "gather", lambda error: [None, None])
     distributed.fail_together(None)  # no rank found one: on it goes
+
+
+def test_leaving_after_an_exit_frees_the_ddp_wrapper_before_the_group(monkeypatch):
+    """A SIGTERM ends train() with sys.exit, whose frames still hold the DDP wrapper. Left for the
+    interpreter's exit, its reducer would free the gloo group last, holding the GIL that a gloo thread
+    may be waiting for (torchrun jobs that hung after their save): the wrapper must go first."""
+    import weakref
+
+    import distributed
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    wrapper_alive_at_destroy = []
+    destroy = torch.distributed.destroy_process_group
+
+    def recording_destroy():
+        wrapper_alive_at_destroy.append(wrapper() is not None)
+        destroy()
+
+    def train(wrapped_model):  # stops as train.train does on a signal, the wrapper in its frame
+        wrapped_model(torch.ones(1, 2)).sum().backward()
+        sys.exit(143)
+
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", recording_destroy)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    wrapper = weakref.ref(model)
+    try:
+        train(model)
+    except SystemExit:
+        del model
+        distributed.leave_process_group()
+    finally:
+        if torch.distributed.is_initialized():  # left by a failure above: the next test of this worker starts clean
+            destroy()
+    assert wrapper_alive_at_destroy == [False]

@@ -413,8 +413,7 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, data_dir
 
 def torchrun_train(tmp_path, data_dir, *args, script="train.py"):
     """A torchrun job of 2 ranks (gloo) training with script, started (not waited for); its logs dir. Eager:
-    what these tests time is the stop, not a compile (with compile on, a SIGTERM test now and then outlasted
-    torchrun's 30 s grace; the cause was not found)."""
+    what these tests time is the stop, not a compile."""
     logs = tmp_path / "logs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
            "--redirects=3", str(script), *TINY, "--optimizer=adamw", "--compile=false", f"--data_dir={data_dir}",
