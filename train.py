@@ -251,16 +251,7 @@ def set_up(cfg):
     rank, local_rank, world_size = (int(os.environ.get(k, 0 if k != "WORLD_SIZE" else 1))
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
-    if distributed and cfg.device.startswith("cuda:"):  # one GPU cannot be every process's own
-        raise ValueError(f"device={cfg.device} names one GPU, but under torchrun each process takes its local "
-                         "rank's; give --device=cuda (and CUDA_VISIBLE_DEVICES=... to choose the GPUs)")
-    device = pick_device(cfg.device)
-    if distributed and device.startswith("cuda"):  # each process its own GPU, its local rank's
-        if processes_here > torch.cuda.device_count() or local_rank >= torch.cuda.device_count():
-            raise ValueError(f"torchrun started {processes_here} processes on this machine, which has "
-                             f"{torch.cuda.device_count()} GPU(s): one each; use --nproc_per_node="
-                             f"{torch.cuda.device_count()}")
-        device = f"cuda:{local_rank}"
+    device = process_device(cfg.device, distributed, local_rank, processes_here)
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
     set_up_cpu(cfg.threads, processes_here)
     check_backend(cfg.attention, device.split(":")[0], dtype, cfg.dropout)
@@ -279,6 +270,24 @@ def set_up(cfg):
         die_with_launcher()
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype)
+
+
+def process_device(name, distributed, local_rank, processes_here):
+    """The device this process trains on, as the setting `device` names it; a GPU always with its index
+    (cuda:N), which torch.cuda.set_device needs: under torchrun the local rank's, else the current one."""
+    if distributed and name.startswith("cuda:"):  # one GPU cannot be every process's own
+        raise ValueError(f"device={name} names one GPU, but under torchrun each process takes its local "
+                         "rank's; give --device=cuda (and CUDA_VISIBLE_DEVICES=... to choose the GPUs)")
+    device = pick_device(name)
+    if device != "cuda":
+        return device
+    if not distributed:
+        return f"cuda:{torch.cuda.current_device()}"
+    if processes_here > torch.cuda.device_count() or local_rank >= torch.cuda.device_count():
+        raise ValueError(f"torchrun started {processes_here} processes on this machine, which has "
+                         f"{torch.cuda.device_count()} GPU(s): one each; use --nproc_per_node="
+                         f"{torch.cuda.device_count()}")
+    return f"cuda:{local_rank}"
 
 
 Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-mapped), meta.json's tokenizer

@@ -815,6 +815,21 @@ def as_torchrun_rank_of_two(monkeypatch, local_rank, gpus):
         monkeypatch.setenv(name, str(value))
 
 
+def test_a_gpu_is_always_named_with_its_index(monkeypatch):
+    """torch.cuda.set_device takes cuda:N, not cuda (ValueError: "Expected a torch.device with a specified
+    index"): device=auto and device=cuda on a GPU machine trained nowhere. Without torchrun they mean the
+    current GPU; under it, the local rank's."""
+    import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # as CUDA_VISIBLE_DEVICES or a set_device left it
+    for name in ("auto", "cuda"):
+        assert train.process_device(name, distributed=False, local_rank=0, processes_here=1) == "cuda:1"
+        assert train.process_device(name, distributed=True, local_rank=0, processes_here=2) == "cuda:0"
+    assert train.process_device("cuda:0", distributed=False, local_rank=0, processes_here=1) == "cuda:0"
+    assert train.process_device("cpu", distributed=True, local_rank=1, processes_here=2) == "cpu"
+
+
 @pytest.mark.parametrize("local_rank", [0, 1])
 def test_torchrun_with_more_processes_than_gpus_is_one_line_on_every_rank(monkeypatch, local_rank):
     """As on a machine with one GPU, torchrun --nproc_per_node=2: every rank says so, before any of them
