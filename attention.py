@@ -23,6 +23,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 Backend = Literal["manual", "sdpa", "flash", "fa2", "fa3"]  # the one list of backend names
 BACKENDS = get_args(Backend)
+FLASH_BACKENDS = ("flash", "fa2", "fa3")
+FLASH_MAX_HEAD_SIZE = 256  # the largest head the FlashAttention kernels take on CUDA (PyTorch's and the package's)
+HOPPER = 9  # the compute capability's major version of the GPUs FA3 runs on (H100, H200; not Blackwell's 10, 12)
 
 try:  # FlashAttention 2 (Ampere and newer), from the optional flash-attn package
     from flash_attn import flash_attn_func as fa2_func
@@ -72,7 +75,7 @@ def causal_mask(n_query, n_key, device=None):
 
 def flash_attn_package(backend, q, dropout_p):
     """The flash-attn function to call for these tensors, or None to use PyTorch's kernel."""
-    on_hopper = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+    on_hopper = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == HOPPER
     if backend == "fa3" or (backend == "flash" and fa3_func is not None and on_hopper and dropout_p == 0):
         return fa3_func if q.is_cuda and on_hopper else None
     if backend in ("fa2", "flash") and q.is_cuda and fa2_func is not None:
@@ -80,9 +83,10 @@ def flash_attn_package(backend, q, dropout_p):
     return None
 
 
-def check_backend(backend, device_type=None, dtype=None, dropout=0.0):
+def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=None):
     """Raise ValueError, saying what to change, if `backend` is unknown or, when a device is given,
-    cannot run on that device and dtype. The one place a backend is checked."""
+    cannot run on that device and dtype (with heads of head_size, where given). The one place a
+    backend is checked."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if device_type is None:
@@ -98,8 +102,11 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0):
             raise ValueError(f"attention={backend!r} needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
         if backend == "fa3" and dropout > 0:
             raise ValueError("attention='fa3' has no dropout; set dropout=0 or use attention='fa2'")
-        if backend == "fa3" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
+        if backend == "fa3" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != HOPPER:
             raise ValueError("attention='fa3' needs a Hopper GPU (H100, H200); use attention='fa2' or 'flash' here")
+    if backend in FLASH_BACKENDS and device_type == "cuda" and (head_size or 0) > FLASH_MAX_HEAD_SIZE:
+        raise ValueError(f"attention={backend!r} on CUDA takes heads of at most {FLASH_MAX_HEAD_SIZE} numbers, and "
+                         f"n_embd/n_head is {head_size}; use more heads (--n_head) or attention='sdpa'")
     if backend == "flash" and device_type == "cpu" and dropout > 0:
         raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
     if backend == "flash" and device_type == "cuda" and dtype == torch.float32:
@@ -197,7 +204,7 @@ class MultiHeadAttention(nn.Module):
 
     def flash(self, q, k, v, causal, dropout_p):
         # v has the dtype autocast gave the projections; a norm on q and k may have left them in fp32
-        check_backend(self.backend, q.device.type, v.dtype, dropout_p)  # a clear error, not one from a kernel
+        check_backend(self.backend, q.device.type, v.dtype, dropout_p, q.size(-1))  # a clear error, not a kernel's
         fn = flash_attn_package(self.backend, q, dropout_p)
         if fn is not None:  # flash-attn takes (B, T, nh, hs), all in one dtype, and knows nothing of autocast
             qt, kt, vt = (t.transpose(1, 2).to(v.dtype) for t in (q, k, v))

@@ -95,7 +95,8 @@ def main(cfg):
                            n_params=model.num_params(non_embedding=False))
         if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
             dtype = torch.float32
-        check_backend(model.config.attention, device.split(":")[0], dtype)
+        c = model.config
+        check_backend(c.attention, device.split(":")[0], dtype, head_size=c.n_embd // c.n_head)
         if cfg.attention_map:
             check_writable(cfg.attention_map)
         prompt = read_prompt(cfg.start)

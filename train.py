@@ -182,6 +182,7 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
+            check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, cfg.n_embd // cfg.n_head)
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
                 note = "\n".join(filter(None, [note, changed]))
@@ -254,7 +255,6 @@ def set_up(cfg):
     device = process_device(cfg.device, distributed, local_rank, processes_here)
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
     set_up_cpu(cfg.threads, processes_here)
-    check_backend(cfg.attention, device.split(":")[0], dtype, cfg.dropout)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":
         raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; "

@@ -348,8 +348,9 @@ def flash_attn_package(monkeypatch):
     monkeypatch.setattr(attention, "fa3_func", fa3)
     monkeypatch.setattr(attention, "flash_attn_package",
                         lambda backend, q, dropout_p: {"fa2": fa2, "fa3": fa3}[backend])
-    monkeypatch.setattr(attention, "check_backend", lambda backend, device_type=None, dtype=None, dropout=0.0:
-                        check(backend, device_type and "cuda", device_type and torch.bfloat16, dropout))
+    monkeypatch.setattr(attention, "check_backend",
+                        lambda backend, device_type=None, dtype=None, dropout=0.0, head_size=None:
+                        check(backend, device_type and "cuda", device_type and torch.bfloat16, dropout, head_size))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     return package
 
@@ -464,6 +465,50 @@ def test_check_backend_rejects_fa3_off_hopper(monkeypatch):
         check_backend("fa3", "cuda", torch.bfloat16, 0.0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     check_backend("fa3", "cuda", torch.bfloat16, 0.0)  # an H100 / H200
+
+
+def test_flash_picks_fa3_on_hopper_only_and_without_dropout(monkeypatch):
+    """What flash_attn_package picks, as if the package were installed, by GPU generation: FA3 runs on
+    Hopper (sm90) only, not on Blackwell (sm100, sm120), and has no dropout; FA2 runs on the others."""
+    import types
+
+    import attention
+    fa2, fa3 = object(), object()
+    monkeypatch.setattr(attention, "fa2_func", fa2)
+    monkeypatch.setattr(attention, "fa3_func", fa3)
+    q = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+    picked = {}
+    for capability in [(8, 0), (9, 0), (10, 0), (12, 0)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        for backend, dropout_p in [("flash", 0.0), ("flash", 0.1), ("fa2", 0.0), ("fa3", 0.0)]:
+            picked[capability[0], backend, dropout_p] = attention.flash_attn_package(backend, q, dropout_p)
+    assert picked == {(8, "flash", 0.0): fa2, (8, "flash", 0.1): fa2, (8, "fa2", 0.0): fa2, (8, "fa3", 0.0): None,
+                      (9, "flash", 0.0): fa3, (9, "flash", 0.1): fa2, (9, "fa2", 0.0): fa2, (9, "fa3", 0.0): fa3,
+                      (10, "flash", 0.0): fa2, (10, "flash", 0.1): fa2, (10, "fa2", 0.0): fa2, (10, "fa3", 0.0): None,
+                      (12, "flash", 0.0): fa2, (12, "flash", 0.1): fa2, (12, "fa2", 0.0): fa2, (12, "fa3", 0.0): None}
+    cpu_q = types.SimpleNamespace(is_cuda=False, device="cpu")
+    assert all(attention.flash_attn_package(b, cpu_q, 0.0) is None for b in ("flash", "fa2", "fa3"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))  # a B200
+    with pytest.raises(ValueError, match="'fa3' needs a Hopper GPU"):
+        check_backend("fa3", "cuda", torch.bfloat16, 0.0)
+
+
+def test_check_backend_rejects_heads_too_large_for_flash_on_cuda(monkeypatch):
+    """The FlashAttention kernels on CUDA take heads of up to 256 numbers; past that PyTorch's raised
+    "No available kernel" mid-training. SDPA and the hand-written path take any, and so does the CPU."""
+    import attention
+    monkeypatch.setattr(attention, "fa2_func", object())  # as if flash-attn were installed, on an H100
+    monkeypatch.setattr(attention, "fa3_func", object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for backend in ("flash", "fa2", "fa3"):
+        with pytest.raises(ValueError, match=rf"attention='{backend}' on CUDA takes heads of at most 256 numbers, "
+                                             r"and n_embd/n_head is 320; use more heads \(--n_head\) or attention='sdpa'"):
+            check_backend(backend, "cuda", torch.bfloat16, 0.0, head_size=320)
+    check_backend("flash", "cuda", torch.bfloat16, 0.0, head_size=256)
+    check_backend("sdpa", "cuda", torch.bfloat16, 0.0, head_size=320)
+    check_backend("flash", "cpu", torch.float32, 0.0, head_size=320)
 
 
 def test_check_backend_rejects_flash_with_dropout_on_cpu():
