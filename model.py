@@ -149,8 +149,9 @@ class GPT(nn.Module):
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size for cheaper fine-tuning."""
-        if block_size > self.config.block_size:
-            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
+        if not (isinstance(block_size, int) and 0 < block_size <= self.config.block_size):
+            raise ValueError(f"block_size must be a whole number from 1 to the model's {self.config.block_size}, "
+                             f"got {block_size}")
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
@@ -218,7 +219,7 @@ class GPT(nn.Module):
         a whole window, so a long sample may part ways where two tokens are nearly tied.)
         vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
         vocabulary was padded: the others never occur in the data)."""
-        check_sampling(temperature, top_k, top_p)
+        check_sampling(temperature, top_k, top_p, max_new_tokens)
         B, T = idx.shape
         if T == 0:
             raise ValueError("the prompt is empty: generation needs at least one token to condition on")
@@ -226,21 +227,25 @@ class GPT(nn.Module):
         tokens = idx.new_empty(B, T + max_new_tokens)  # the prompt, then each new token: no growing copies
         tokens[:, :T] = idx
         start = max(0, T - block_size)  # the window is tokens[:, start:t]
-        cache = None
-        for t in range(T, T + max_new_tokens):
-            if t - start > block_size:
-                start = t - max(1, block_size // 2)
-                cache = None
-            if not use_kv_cache:
-                logits, _ = self(tokens[:, start:t], last_only=True)
-            elif cache is None:  # fill the cache with the whole window
-                cache = self.new_kv_cache()
-                logits, _ = self(tokens[:, start:t], kv_cache=cache, last_only=True)
-            else:  # only the newest token goes through the model
-                logits, _ = self(tokens[:, t - 1:t], kv_cache=cache, last_only=True)
-            next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
-            tokens[:, t:t + 1] = next_token
-            yield next_token
+        cache, was_training = None, self.training
+        self.eval()  # no dropout while sampling, whatever mode the model was in: temperature=0 is greedy
+        try:
+            for t in range(T, T + max_new_tokens):
+                if t - start > block_size:
+                    start = t - max(1, block_size // 2)
+                    cache = None
+                if not use_kv_cache:
+                    logits, _ = self(tokens[:, start:t], last_only=True)
+                elif cache is None:  # fill the cache with the whole window
+                    cache = self.new_kv_cache()
+                    logits, _ = self(tokens[:, start:t], kv_cache=cache, last_only=True)
+                else:  # only the newest token goes through the model
+                    logits, _ = self(tokens[:, t - 1:t], kv_cache=cache, last_only=True)
+                next_token = sample_next(logits[:, -1, :vocab_size], temperature, top_k, top_p, generator)
+                tokens[:, t:t + 1] = next_token
+                yield next_token
+        finally:
+            self.train(was_training)
 
     def generate(self, idx, max_new_tokens, **sampling):
         """Return idx (B, T) extended by max_new_tokens sampled tokens; `sampling` takes the options
@@ -279,12 +284,14 @@ class GPT(nn.Module):
         return model
 
 
-def check_sampling(temperature, top_k, top_p):
+def check_sampling(temperature, top_k, top_p, max_new_tokens=None):
     """ValueError, saying why, for sampling options that cannot work."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be at least 1 (or None for all tokens), got {top_k}")
+    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+        raise ValueError(f"top_k must be a whole number, at least 1 (or None for all tokens), got {top_k}")
+    if max_new_tokens is not None and not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
 
@@ -440,6 +447,9 @@ def read_weights(path, load):
                          f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
     if not isinstance(tensors, dict):
         raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
+    name, value = next(((k, v) for k, v in tensors.items() if not isinstance(v, torch.Tensor)), (None, None))
+    if name is not None:
+        raise ValueError(f"{path} holds a {type(value).__name__} for {name}, not a tensor; download the model again")
     return tensors
 
 

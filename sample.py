@@ -55,7 +55,7 @@ class SampleConfig:
     attention_head: int = 0  # the head drawn large in the attention map
 
     def __post_init__(self):
-        check_sampling(self.temperature, self.top_k, self.top_p)
+        check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         check_init_from(self.init_from, own=("resume",))
         if not 0 <= self.seed < 2**63:  # what torch's generators take, and a --key=value integer can be
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
@@ -66,8 +66,6 @@ class SampleConfig:
                                  f"{', '.join(PICTURE_FORMATS)}")
             if not os.path.isdir(folder):
                 raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         check_threads(self.threads)
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")

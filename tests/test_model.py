@@ -349,8 +349,10 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
             model(rand_tokens(B, 9))
         cached = model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=True)
         assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
-    with pytest.raises(ValueError, match="larger"):
-        model.crop_block_size(9)
+    for size in (9, 0, -3):  # a negative size had cut wpe to its first rows but 3, and the model took it
+        with pytest.raises(ValueError, match=rf"block_size must be a whole number from 1 to the model's 8, got {size}"):
+            model.crop_block_size(size)
+    assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
 
 
 # --------------------------------------------------------------------------- GPT-2 parity
@@ -468,6 +470,15 @@ def test_from_pretrained_names_a_pytorch_model_bin_that_is_not_weights(hf_gpt2, 
     (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
     (tmp_path / "pytorch_model.bin").write_bytes(content)  # torch.load itself: KeyError, IndexError tracebacks
     with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(NotSavedByTorch: not a file torch.save wrote \(a zip archive\)"):
+        GPT.from_pretrained(str(tmp_path))
+
+
+def test_from_pretrained_names_a_weight_that_is_not_a_tensor(hf_gpt2, tmp_path):
+    directory, *_ = hf_gpt2
+    (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
+    torch.save({"transformer.h.0.attn.c_attn.weight": [1, 2]}, tmp_path / "pytorch_model.bin")  # was an AttributeError
+    with pytest.raises(ValueError, match=r"pytorch_model.bin holds a list for transformer.h.0.attn.c_attn.weight, "
+                                         r"not a tensor; download the model again"):
         GPT.from_pretrained(str(tmp_path))
 
 
@@ -641,10 +652,24 @@ def test_stream_samples_only_the_first_vocab_size_tokens():
 
 @pytest.mark.parametrize("options, match", [({"temperature": -1.0}, "temperature"),
                                             ({"temperature": float("nan")}, "temperature"),
-                                            ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p")])
+                                            ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k must be a whole number"),
+                                            ({"top_p": 0.0}, "top_p"),
+                                            ({"max_new_tokens": -1}, "max_new_tokens must be a whole number >= 0")])
 def test_generate_refuses_options_it_cannot_sample_with(options, match):
+    options = {"max_new_tokens": 3, **options}  # -1 was a RuntimeError from inside torch
     with pytest.raises(ValueError, match=match):
-        make_gpt("manual").generate(rand_tokens(B, 4), 3, **options)
+        make_gpt("manual").generate(rand_tokens(B, 4), **options)
+
+
+def test_generate_samples_without_dropout_in_either_mode():
+    """A model left in training mode (mid-training, say) samples as in eval mode, without dropout, so
+    temperature=0 is greedy; its mode is as it was afterwards."""
+    model = make_gpt("manual", dropout=0.5)
+    prompt = rand_tokens(B, 4)
+    expected = model.generate(prompt, 10, temperature=0)
+    model.train()
+    assert torch.equal(model.generate(prompt, 10, temperature=0), expected)
+    assert model.training and all(m.training for m in model.modules())
 
 
 def test_generate_refuses_an_empty_prompt():
