@@ -19,6 +19,14 @@ import torch
 DType = typing.Literal["auto", "float32", "bfloat16", "float16"]  # the choices of every script's dtype setting
 
 
+def ran_out_of_memory(error):
+    """Whether error is a failed allocation: a GPU's torch.OutOfMemoryError, Python's MemoryError, or
+    what torch raises as a plain RuntimeError from a CPU's allocator or Apple's MPS."""
+    text = str(error)
+    return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory"
+            in text or "MPS backend out of memory" in text)
+
+
 def pick_device(name):
     """The device the setting `device` names: auto picks cuda, then mps, then cpu."""
     if name == "auto":

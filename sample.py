@@ -22,7 +22,7 @@ from checkpoint import checkpoint_tokenizer, ckpt_path, field_problems, load_che
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer
 from files import check_writable, read_text_file
-from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, set_up_cpu
+from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu
 from log import OutputThatMayClose
 from model import GPT, check_init_from, check_sampling
 
@@ -106,16 +106,22 @@ def main(cfg):
         fail(e)
     except KeyboardInterrupt:  # while the weights or the tokenizer load: nothing was written yet
         fail("stopped by Ctrl-C", status=128 + signal.SIGINT)
-    # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
-    # bytes in bf16, where autocast would cast every fp32 weight again for every token
-    model.eval().to(device=device, dtype=dtype)
-    with stoppable_output():
-        if cfg.attention_map:
-            draw_attention(model, tokenizer, ids, cfg)
-        else:
-            if cfg.compile:
-                compile_and_warm_up(model, ids, cfg)
-            write_samples(model, tokenizer, prompt, ids, cfg)
+    try:
+        # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
+        # bytes in bf16, where autocast would cast every fp32 weight again for every token
+        model.eval().to(device=device, dtype=dtype)
+        with stoppable_output():
+            if cfg.attention_map:
+                draw_attention(model, tokenizer, ids, cfg)
+            else:
+                if cfg.compile:
+                    compile_and_warm_up(model, ids, cfg)
+                write_samples(model, tokenizer, prompt, ids, cfg)
+    except (RuntimeError, MemoryError) as e:  # check_fits judged by the machine's memory; a limit can be lower
+        if not ran_out_of_memory(e):
+            raise
+        fail(f"out of memory with {cfg.num_samples} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
+             "ask for fewer --num_samples or --max_new_tokens", status=1)
 
 
 @contextlib.contextmanager

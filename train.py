@@ -38,7 +38,7 @@ from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
-                      pick_dtype, set_up_cpu)
+                      pick_dtype, ran_out_of_memory, set_up_cpu)
 from log import OutputThatMayClose, TrainingLog
 from model import (GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from,
                    train_py_out_dir)
@@ -213,7 +213,7 @@ def main(cfg):
         return model
     except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
         fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
-    except RuntimeError as e:  # torch.OutOfMemoryError is one too
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
         if ran_out_of_memory(e):
             fail_alone(out_of_memory(cfg, e, building=model is None), status=1)
         stop_if_a_peer_is_gone(e)
@@ -721,12 +721,6 @@ def save(state, cfg, meta, setup, reason, final=False):
         print(f"warning: {message}; training goes on and tries again at the next evaluation")
         return
     print(f"saved {path} ({reason})")
-
-
-def ran_out_of_memory(error):
-    """Whether error is a failed allocation: a GPU's torch.OutOfMemoryError, or a CPU's, which torch
-    raises as a plain RuntimeError from its allocator."""
-    return isinstance(error, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(error)
 
 
 def out_of_memory(cfg, error, building=False):

@@ -48,7 +48,7 @@ import attention as attn_mod
 from attention import BACKENDS, MultiHeadAttention, check_backend
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
-from hardware import pick_threads
+from hardware import pick_threads, ran_out_of_memory
 
 STATED_SHAPE = ("batch_size", "n_embd", "n_head", "dtype")  # the memory goal's, at their defaults
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
@@ -109,12 +109,6 @@ def warm_up_autograd(device, dtype):
     (w * 2).backward(torch.ones_like(w))
 
 
-def is_oom(e):
-    text = str(e).lower()
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or \
-        ("alloc" in text and ("bytes" in text or "memory" in text))
-
-
 # ---- CPU peak memory, in a child process -------------------------------------------------------
 
 def proc_kb(path, field):
@@ -160,7 +154,7 @@ def single(cfg):
         result = {"status": "ok", "peak_bytes": max(0, peak_kb - base_kb) * 1024, "seconds": seconds,
                   "method": method}
     except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
-        result = {"status": "oom" if is_oom(e) else "error", "message": f"{type(e).__name__}: {e}"[:500]}
+        result = {"status": "oom" if ran_out_of_memory(e) else "error", "message": f"{type(e).__name__}: {e}"[:500]}
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -259,7 +253,7 @@ def prepare_point(cfg, b, T, device):
             first, peak_bytes = cuda_peak(step, device)
             rec.update(peak_bytes=peak_bytes, memory_method="torch.cuda.max_memory_allocated")
     except Exception as e:  # noqa: BLE001 - any failure stops this backend, not the sweep
-        rec.update(status="oom" if is_oom(e) else "error",
+        rec.update(status="oom" if ran_out_of_memory(e) else "error",
                    message=failure(e))
         return rec, None
     if first > cfg.time_budget:
@@ -283,7 +277,7 @@ def time_interleaved(cfg, live, device, stopped, T):
             try:
                 samples[b].append(timed(step, device, rec["inner"]))
             except Exception as e:  # noqa: BLE001
-                rec.update(status="oom" if is_oom(e) else "error",
+                rec.update(status="oom" if ran_out_of_memory(e) else "error",
                            message=failure(e, " while timing"))
                 stopped[b] = f"{rec['status']} at T={T}"
     for b, (step, rec) in live.items():

@@ -749,6 +749,34 @@ def test_ctrl_c_while_sample_py_loads_its_model_is_one_line(trained, monkeypatch
     assert stopped.value.code == 128 + signal.SIGINT and capsys.readouterr().err == "error: stopped by Ctrl-C\n"
 
 
+def test_sample_py_out_of_memory_is_one_line(trained, monkeypatch, capsys):
+    """sample.py's size check reads the machine's memory; under a lower limit (ulimit -v, a container) the
+    sampling itself can fail to allocate: one line naming what to lower, exit 1, not torch's traceback."""
+    import sample
+    from model import GPT
+
+    def forward_that_runs_out(self, *args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 768000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(GPT, "forward", forward_that_runs_out)
+    with pytest.raises(SystemExit) as stopped:
+        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", num_samples=3, max_new_tokens=7))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err == ("error: out of memory with 3 sample(s) of 8 tokens on cpu; ask for "
+                                               "fewer --num_samples or --max_new_tokens\n"), err
+
+
+def test_ran_out_of_memory_knows_every_allocators_error_and_nothing_else():
+    from hardware import ran_out_of_memory
+    assert all(ran_out_of_memory(e) for e in [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), MemoryError(),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 65536000000 bytes"),
+        RuntimeError("MPS backend out of memory (MPS allocated: 8.00 GB, other allocations: 1.00 GB)")])
+    assert not any(ran_out_of_memory(e) for e in [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied"), ValueError("out of memory is not said this way")])
+
+
 def test_ctrl_c_while_sample_py_streams_is_one_line(trained):
     """Ctrl-C while sample.py writes: the line being written ends, then one line on stderr, exit 128 + SIGINT."""
     # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT
