@@ -128,5 +128,7 @@ def plot_attention(weights, labels, png_path, layer=0, head=0):
     ax.set_title(f"layer {layer}, head {head}: row i = how query i spreads its attention")
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
+    try:  # whole or not at all, as the page: a full disk leaves the picture that was there
+        atomic_write(png_path, lambda f: fig.savefig(f, format=os.path.splitext(png_path)[1][1:].lower(), dpi=100))
+    finally:
+        plt.close(fig)

@@ -122,6 +122,11 @@ def main(cfg):
             raise
         fail(f"out of memory with {cfg.num_samples} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
              "ask for fewer --num_samples or --max_new_tokens", status=1)
+    except OSError as e:  # writing the map (samples go to stdout, whose reader leaving is a stop)
+        if not cfg.attention_map:
+            raise
+        fail(f"could not write {cfg.attention_map}: {e.strerror or e}; the file that was there is kept; free some "
+             "space or pick another place", status=1)
 
 
 @contextlib.contextmanager

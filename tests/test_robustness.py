@@ -767,6 +767,32 @@ def test_sample_py_out_of_memory_is_one_line(trained, monkeypatch, capsys):
                                                "fewer --num_samples or --max_new_tokens\n"), err
 
 
+@pytest.mark.parametrize("name", ["attn.png", "attn.html"])
+def test_an_attention_map_that_cannot_be_written_keeps_the_old_one(trained, tmp_path, monkeypatch, capsys, name):
+    """A full disk while the map is written: the file that was there stays whole, no temporary file is
+    left, and the run says so in one line (the picture had been written in place: a 0-byte attn.png)."""
+    import errno
+    import os
+
+    import files
+    import sample
+    path = tmp_path / name
+    path.write_text("the map of an earlier run")
+    real_fsync = os.fsync
+
+    def full_disk(fd):
+        real_fsync(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(SystemExit) as stopped:
+        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", attention_map=str(path), max_new_tokens=3))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and err == (f"error: could not write {path}: No space left on device; the file that "
+                                               "was there is kept; free some space or pick another place\n"), err
+    assert path.read_text() == "the map of an earlier run" and os.listdir(tmp_path) == [name]
+
+
 def test_ran_out_of_memory_knows_every_allocators_error_and_nothing_else():
     from hardware import ran_out_of_memory
     assert all(ran_out_of_memory(e) for e in [
