@@ -48,12 +48,11 @@ class GPTConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        # the n_head that fit: a whole head size, and an even one for rope's channel pairs
-        fits = [h for h in range(1, 33) if self.n_embd % h == 0
-                and (self.pos_embedding != "rope" or (self.n_embd // h) % 2 == 0)]
+        fits = head_counts(self.n_embd, rope=self.pos_embedding == "rope")
+        can = (f"n_head can be one of {', '.join(map(str, fits))}" if fits else
+               "no n_head gives the even head size rope needs: give an even n_embd, or pos_embedding='learned'")
         if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}; with this n_embd, "
-                             f"n_head can be one of {', '.join(map(str, fits))}")
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}; with this n_embd, {can}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         # every choice, from its Literal: the model branches on these names, and an unknown one (a typo,
@@ -64,8 +63,13 @@ class GPTConfig:
                 raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}; with this "
-                             f"n_embd, n_head can be one of {', '.join(map(str, fits)) or 'none'} "
-                             "(or use pos_embedding='learned')")
+                             f"n_embd, {can}" + (" (or use pos_embedding='learned')" if fits else ""))
+
+
+def head_counts(n_embd, rope):
+    """Every n_head that fits n_embd: a whole head size, and with rope an even one (its channel pairs)."""
+    divisors = {d for i in range(1, math.isqrt(n_embd) + 1) if n_embd % i == 0 for d in (i, n_embd // i)}
+    return sorted(h for h in divisors if not rope or (n_embd // h) % 2 == 0)
 
 
 # Settings that change how trained weights are run, not what they mean: a checkpoint or GPT-2 may

@@ -1482,16 +1482,28 @@ def test_the_cpu_peak_probe_leaves_the_seeded_rng_alone():
 
 # ---- what a review of the library found -------------------------------------------------------------
 
-def test_the_n_head_an_error_suggests_are_accepted():
-    """With rope a head needs an even size: the n_head the divisibility error lists must all build, and
-    the rope error itself lists them (n_embd=96: 32 heads of 3 channels do not)."""
-    with pytest.raises(ValueError, match=r"n_head can be one of 1, 2, 3, 4, 6, 8, 12, 16, 24$") as refused:
-        GPTConfig(n_embd=96, n_head=5, pos_embedding="rope")
-    for n_head in map(int, str(refused.value).rsplit("one of ", 1)[1].split(", ")):
-        GPTConfig(n_embd=96, n_head=n_head, pos_embedding="rope")
-    with pytest.raises(ValueError, match=r"n_embd/n_head = 3; .*one of 1, 2, 3, 4, 6, 8, 12, 16, 24 .*learned"):
+def test_the_n_head_an_error_suggests_are_all_that_are_accepted():
+    """With rope a head needs an even size: the n_head the divisibility error lists must be exactly those
+    that build (n_embd=96: not 32 heads of 3 channels; 48 of 2, past the 32 the list once stopped at),
+    the rope error itself lists them, and where none fits (an odd n_embd) it says so."""
+    def built(**settings):
+        try:
+            GPTConfig(**settings)
+        except ValueError:
+            return False
+        return True
+
+    for pos_embedding in ("rope", "learned"):
+        with pytest.raises(ValueError, match=r"n_head can be one of [\d, ]+$") as refused:
+            GPTConfig(n_embd=96, n_head=5, pos_embedding=pos_embedding)
+        listed = [int(n) for n in str(refused.value).rsplit("one of ", 1)[1].split(", ")]
+        assert listed == [h for h in range(1, 97) if built(n_embd=96, n_head=h, pos_embedding=pos_embedding)]
+    assert 48 in listed and 32 in listed  # learned positions take a head of any size
+    with pytest.raises(ValueError, match=r"n_embd/n_head = 3; .*one of 1, 2, 3, 4, 6, 8, 12, 16, 24, 48 .*learned"):
         GPTConfig(n_embd=96, n_head=32, pos_embedding="rope")
-    assert "32" in str(pytest.raises(ValueError, GPTConfig, n_embd=96, n_head=5, pos_embedding="learned").value)
+    with pytest.raises(ValueError, match=r"n_head=2; with this n_embd, no n_head gives the even head size rope needs: "
+                                         r"give an even n_embd, or pos_embedding='learned'$"):
+        GPTConfig(n_embd=33, n_head=2, pos_embedding="rope")
 
 
 def test_a_run_resumes_with_its_vocabulary_given_as_a_number(tmp_path, data_dir):
