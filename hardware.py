@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 import time
 import typing
 
@@ -221,7 +222,7 @@ def memory_bytes(device):
 # matrix-multiply probe run once and cached, since no table can know a CPU's.
 
 # Dense peak FLOP/s by GPU name fragment, for bf16/fp16 tensor cores and for fp32 (as TF32, which
-# train.py enables on CUDA). Checked in order: put longer names first.
+# train.py enables on CUDA). Checked in order, each as whole words of the name: longer names first.
 GPU_PEAKS = [
     ("H200", {"bf16": 989e12, "fp32": 494e12}),
     ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
@@ -231,12 +232,21 @@ GPU_PEAKS = [
     ("A10G", {"bf16": 70e12, "fp32": 35e12}),
     ("A10", {"bf16": 125e12, "fp32": 62.5e12}),
     ("L40S", {"bf16": 362e12, "fp32": 183e12}),
+    ("L40", {"bf16": 181e12, "fp32": 90.5e12}),
     ("L4", {"bf16": 121e12, "fp32": 60e12}),
     ("RTX 4090", {"bf16": 165e12, "fp32": 82.6e12}),
     ("RTX 3090", {"bf16": 71e12, "fp32": 35.6e12}),
     ("V100", {"bf16": 125e12, "fp32": 15.7e12}),  # fp16 only; V100 has no bf16
     ("T4", {"bf16": 65e12, "fp32": 8.1e12}),
 ]
+
+
+def gpu_datasheet_peaks(name):
+    """GPU_PEAKS' entry for a GPU named name (torch.cuda.get_device_name), or None where it has none.
+    An entry matches whole words of the name: "L4" is not the L40's, "A10" not the A10G's."""
+    return next((peaks for fragment, peaks in GPU_PEAKS if re.search(rf"\b{re.escape(fragment)}\b", name)), None)
+
+
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
 BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
 CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
@@ -312,10 +322,8 @@ def peak_flops(device_type, dtype, reached=0.0):
     key = "fp32" if dtype == torch.float32 else "bf16"
     if device_type == "cuda":
         name = torch.cuda.get_device_name()
-        for fragment, peaks in GPU_PEAKS:
-            if fragment in name:
-                return peaks[key], f"{name} datasheet, {key}"
-        return None, f"{name} is not in hardware.GPU_PEAKS"
+        peaks = gpu_datasheet_peaks(name)
+        return (peaks[key], f"{name} datasheet, {key}") if peaks else (None, f"{name} is not in hardware.GPU_PEAKS")
     if device_type != "cpu":
         return None, f"no peak known for {device_type}"
     threads = torch.get_num_threads()
@@ -324,7 +332,7 @@ def peak_flops(device_type, dtype, reached=0.0):
     try:
         with open(CPU_PEAK_CACHE) as f:
             cached = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: brackets nested past json's depth
         cached = {}
     if not isinstance(cached, dict):
         cached = {}

@@ -6,8 +6,10 @@ them warns once, and training goes on.
 """
 import json
 import math
+import netrc
 import os
 import time
+import urllib.parse
 from dataclasses import asdict
 
 import torch
@@ -40,14 +42,15 @@ class TrainingLog:
                   f"{self.tokens_per_iter:,} tokens/iter" + (f" | MFU against {source}" if measure else ""))
 
     def open(self, iter_num):
-        """Training begins at iter_num: start the clock between log lines and the records in out_dir."""
-        self.last_time, self.last_iter = time.time(), iter_num
-        if self.busy:
-            self.busy.restart()
+        """Training begins at iter_num: start the records in out_dir, then the clock between log lines
+        (wandb's start, seconds long, is not training)."""
         if self.master:
             wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
             resumed_at = iter_num if self.cfg.init_from == "resume" else None
             self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
+        self.last_time, self.last_iter = time.time(), iter_num
+        if self.busy:
+            self.busy.restart()
 
     def add_loss(self, loss):
         """A training step's loss (a tensor on the device, read at the next log line)."""
@@ -83,10 +86,10 @@ class TrainingLog:
         flops = self.flops_per_iter / seconds_per_iter
         if self.peak and self.device_type == "cpu" and flops > self.peak:  # the probe was low (a busy moment): raise it
             self.peak = peak_flops(self.device_type, self.dtype, reached=flops)[0]
-        mfu = flops / self.peak if self.peak else float("nan")
+        mfu = flops / self.peak if self.peak else None  # None: no peak known for this device (JSON's null)
         loss = torch.stack(self.losses).float().mean().item()
         print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
-              f"{tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}")
+              f"{tokens_per_s:,.0f} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
         self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
                             "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
         self.losses.clear()
@@ -152,7 +155,7 @@ class MetricsLog:
 
     def __init__(self, out_dir, resumed_at=None, wandb=None):
         self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
-        self.file, self.wandb, self.warned = None, None, False
+        self.file, self.wandb, self.warned = None, None, set()
         kept = read_metrics(self.path, until=resumed_at) if resumed_at is not None else []
         try:
             atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
@@ -160,30 +163,38 @@ class MetricsLog:
         except OSError as e:
             self.warn(e)
         if wandb is not None:
-            self.wandb = start_wandb(*wandb, warn=self.warn)
+            self.wandb = start_wandb(*wandb, warn=lambda e: self.warn(e, "wandb"))
 
-    def warn(self, error):
-        if not self.warned:
-            said = "; ".join(line.strip() for line in str(getattr(error, "strerror", None) or error).splitlines()
-                             if line.strip())[:300]  # one line: wandb's settings errors take several
-            print(f"warning: could not record the metrics (metrics.jsonl, loss.png or wandb) in "
-                  f"{os.path.dirname(self.path)}: {said}; training and checkpoints go on")
-            self.warned = True
+    def warn(self, error, where="out_dir"):
+        """Say once per place (out_dir's files, wandb) that records could not go there."""
+        if where in self.warned:
+            return
+        said = "; ".join(line.strip() for line in str(getattr(error, "strerror", None) or error).splitlines()
+                         if line.strip())[:300]  # one line: wandb's settings errors take several
+        if where == "wandb":
+            print(f"warning: wandb cannot log this run: {said}; metrics.jsonl is written all the same")
+        else:
+            print(f"warning: could not record the metrics (metrics.jsonl, loss.png) in {os.path.dirname(self.path)}: "
+                  f"{said}; training and checkpoints go on")
+        self.warned.add(where)
 
     def write(self, record):
         try:
             if self.file:
                 self.file.write(json.dumps(record) + "\n")
                 self.file.flush()
+        except OSError as e:  # a full disk: never the end of training
+            self.warn(e)
+        try:
             if self.wandb:
                 self.wandb.log(record, step=record["iter"])
-        except Exception as e:  # a full disk, or wandb's own troubles: never the end of training
-            self.warn(e)
+        except Exception as e:  # wandb's own troubles, of many kinds
+            self.warn(e, "wandb")
 
     def draw(self):
         try:
             plot_losses(self.path, self.png)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - matplotlib's and the disk's: a picture never stops training
             self.warn(e)
 
     def close(self):
@@ -196,8 +207,7 @@ class MetricsLog:
 def start_wandb(project, name, config, warn):
     """The wandb module, logging this run (offline when there is no API key); None, with a warning,
     if it cannot start (not installed, or no network for an online run): training goes on without it."""
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or os.path.exists(os.path.expanduser("~/.netrc"))
-    mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
+    mode = os.environ.get("WANDB_MODE") or ("online" if wandb_api_key_found() else "offline")
     try:
         import wandb
         wandb.init(project=project, name=name, config=config, mode=mode)
@@ -208,6 +218,18 @@ def start_wandb(project, name, config, warn):
         why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no API key found"
         print(f"wandb: {why}, logging offline to ./wandb; upload later with `wandb sync wandb/offline-run-*`")
     return wandb
+
+
+def wandb_api_key_found():
+    """Whether wandb has an API key: WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc for its server
+    (a .netrc that holds only other machines' passwords is no key)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # none, or one wandb could not read either
+        return False
 
 
 def read_metrics(path, until=None):
@@ -221,8 +243,9 @@ def read_metrics(path, until=None):
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and "iter" in record and (until is None or record["iter"] <= until):
-                    records.append(record)
+                it = record.get("iter") if isinstance(record, dict) else None
+                if isinstance(it, int) and not isinstance(it, bool) and (until is None or it <= until):
+                    records.append(record)  # a record without a whole iteration number is damaged: skipped
     except (OSError, UnicodeDecodeError):  # none there, or not a readable file (a directory, say)
         pass
     return records

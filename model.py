@@ -153,9 +153,10 @@ class GPT(nn.Module):
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size for cheaper fine-tuning."""
-        if not (isinstance(block_size, int) and 0 < block_size <= self.config.block_size):
-            raise ValueError(f"block_size must be a whole number from 1 to the model's {self.config.block_size}, "
-                             f"got {block_size}")
+        if not (isinstance(block_size, int) and block_size > 0):
+            raise ValueError(f"block_size must be a positive whole number, got {block_size}")
+        if block_size > self.config.block_size:
+            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
         self.config.block_size = block_size
         if "wpe" in self.transformer:
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])

@@ -679,13 +679,17 @@ class StopRequest:
     too (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training."""
 
     def __init__(self):
-        self.signum, self.previous, self.stdout = 0, {}, None
+        self.signum, self.previous, self.stdout, self.line_buffering = 0, {}, None, None
 
     def start(self):
         self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def watch_output(self):
         self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, lambda: self.request(signal.SIGPIPE, None))
+        # a line at a time into a pipe too (| tee, | head), not a block buffer that holds minutes of the log
+        self.line_buffering = getattr(self.stdout, "line_buffering", None)
+        if self.line_buffering is False:
+            self.stdout.reconfigure(line_buffering=True)
 
     def request(self, signum, frame):
         self.signum = signum
@@ -696,6 +700,8 @@ class StopRequest:
             signal.signal(s, handler)
         if self.stdout is not None:
             sys.stdout = self.stdout
+            if self.line_buffering is False:
+                self.stdout.reconfigure(line_buffering=False)
 
 
 def save(state, cfg, meta, setup, reason, final=False):

@@ -349,8 +349,10 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
             model(rand_tokens(B, 9))
         cached = model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=True)
         assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
-    for size in (9, 0, -3):  # a negative size had cut wpe to its first rows but 3, and the model took it
-        with pytest.raises(ValueError, match=rf"block_size must be a whole number from 1 to the model's 8, got {size}"):
+    with pytest.raises(ValueError, match="block_size=9 is larger than the model's 8"):
+        model.crop_block_size(9)
+    for size in (0, -3, 2.5):  # a negative size had cut wpe to its first rows but 3, and the model took it
+        with pytest.raises(ValueError, match=rf"block_size must be a positive whole number, got {size}"):
             model.crop_block_size(size)
     assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
 

@@ -676,6 +676,24 @@ def test_a_resume_whose_metrics_cannot_be_read_warns_once_and_trains(tmp_path, d
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
 
 
+def test_the_log_goes_down_a_pipe_line_by_line(tmp_path, data_dir):
+    """python train.py | tee run.log, in a user's shell (no PYTHONUNBUFFERED): each log line reaches the
+    reader as it is printed. A pipe's block buffer had held them until 8 KB of log, minutes of a run."""
+    shell_env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+                             "--max_iters=1000000", "--max_seconds=30", "--log_interval=200",
+                             "--eval_interval=1000000"],
+                            cwd=ROOT, env=shell_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started, lines = time.time(), []
+        while not (lines and lines[-1].startswith("iter 200:")) and proc.poll() is None:
+            lines.append(proc.stdout.readline())
+        # 200 steps take a few seconds; a block buffer held the line until the run's 30 s were over
+        assert time.time() - started < 20, f"the first log line came only as the run ended: {lines}"
+    finally:
+        kill_quietly(proc)
+
+
 def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, data_dir):
     """python train.py | head -1: once the reader has gone, the run stops as on a signal (SIGPIPE),
     saves, and exits 128 + SIGPIPE, as a Unix tool does; no BrokenPipeError."""
@@ -1263,8 +1281,102 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
     log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
     log.write({"iter": 1, "loss": 2.0})
     log.close()
-    assert capsys.readouterr().out.count("warning: could not record the metrics") == 1
+    out = capsys.readouterr().out
+    assert out == ("warning: wandb cannot log this run: wandb.init timed out (no network); metrics.jsonl is written "
+                   "all the same\n"), out
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
+
+
+def a_training_log(tmp_path, monkeypatch, peak=None):
+    """log.TrainingLog of a tiny single-process CPU run writing into tmp_path, against a peak of peak FLOP/s."""
+    import log
+    import train
+    monkeypatch.setattr(log, "peak_flops", lambda device_type, dtype, reached=0: (peak, "a peak for the test"))
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    return log.TrainingLog(TrainConfig(out_dir=str(tmp_path), batch_size=2, block_size=8), setup, model)
+
+
+def test_without_a_peak_the_log_says_no_mfu_and_records_null(tmp_path, monkeypatch, capsys):
+    """A GPU that hardware.GPU_PEAKS does not list: no "MFU nan%" on the line, and null in metrics.jsonl
+    (NaN is not JSON: strict readers refused the record)."""
+    training_log = a_training_log(tmp_path, monkeypatch, peak=None)
+    training_log.open(0)
+    training_log.add_loss(torch.tensor(2.0))
+    training_log.print_progress(1, 1e-3, 0.5)
+    training_log.close()
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("iter 1: loss 2.0000") and line.endswith("tokens/s") and "MFU" not in line, line
+    record = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=pytest.fail)
+    assert record["mfu"] is None
+
+
+def test_the_first_log_line_does_not_count_wandbs_start_as_training(tmp_path, monkeypatch, capsys):
+    """wandb.init takes seconds: the first line's ms/iter (and tokens/s, MFU, the busy check) counted it."""
+    import log
+    metrics_log = log.MetricsLog
+
+    def slow_to_start(*args, **kwargs):
+        time.sleep(1.0)  # as wandb.init does
+        return metrics_log(*args, **kwargs)
+
+    monkeypatch.setattr(log, "MetricsLog", slow_to_start)
+    training_log = a_training_log(tmp_path, monkeypatch, peak=1e12)
+    training_log.open(0)
+    for _ in range(2):
+        training_log.add_loss(torch.tensor(2.0))
+    training_log.print_progress(2, 1e-3, 0.01)
+    training_log.close()
+    ms_per_iter = float(re.search(r"([\d.]+) ms/iter", capsys.readouterr().out).group(1))
+    assert ms_per_iter < 250, ms_per_iter
+
+
+def test_a_resume_skips_a_damaged_metrics_record(tmp_path):
+    """A record whose iteration is not a whole number (a hand edit, a damaged disk) is skipped as a
+    half-written line is, not a TypeError traceback at the resume's start."""
+    from log import MetricsLog
+    (tmp_path / "metrics.jsonl").write_text('{"iter": 4, "loss": 2.0}\n{"iter": "7", "loss": 1}\n'
+                                            '{"iter": true, "loss": 1}\n{"iter": 9, "loss": 1.5}\n')
+    MetricsLog(str(tmp_path), resumed_at=8).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 4, "loss": 2.0}\n'
+
+
+def test_a_failed_wandb_does_not_silence_a_later_metrics_failure(tmp_path, monkeypatch, capsys):
+    """Each place records go warns once on its own: wandb that did not start, then a disk that fills up
+    under metrics.jsonl (which had gone unsaid after wandb's warning)."""
+    from log import MetricsLog
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    log.file = FullDisk()
+    log.write({"iter": 1, "loss": 2.0})
+    log.write({"iter": 2, "loss": 1.0})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["warning", "warning"] and "wandb cannot log" in lines[0], lines
+    assert lines[1] == (f"warning: could not record the metrics (metrics.jsonl, loss.png) in {tmp_path}: No space left "
+                        "on device; training and checkpoints go on"), lines
+
+
+@pytest.mark.parametrize("netrc_text, found", [("machine github.com login x password y\n", False),
+                                               ("machine api.wandb.ai login user password " + "k" * 40 + "\n", True),
+                                               ("this is not a netrc {\n", False)])
+def test_wandb_goes_online_only_with_its_own_key(tmp_path, monkeypatch, netrc_text, found):
+    """A ~/.netrc of other machines' passwords is no wandb key: wandb would then refuse to start online,
+    and the run's metrics would not reach it at all; offline they do."""
+    from log import wandb_api_key_found
+    (tmp_path / ".netrc").write_text(netrc_text)
+    (tmp_path / ".netrc").chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    assert wandb_api_key_found() is found
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert wandb_api_key_found()
 
 
 def test_wandb_with_a_bad_mode_warns_in_one_line(tmp_path, monkeypatch, capsys):
@@ -1273,7 +1385,7 @@ def test_wandb_with_a_bad_mode_warns_in_one_line(tmp_path, monkeypatch, capsys):
     log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
     log.close()
     out = capsys.readouterr().out
-    assert out.startswith("warning: could not record the metrics") and out.count("\n") == 1, out
+    assert out.startswith("warning: wandb cannot log this run: ") and out.count("\n") == 1, out
     assert "'offline'" in out, out
 
 
@@ -1295,7 +1407,7 @@ def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeyp
     log.write({"iter": 1, "loss": 2.0})
     log.close()
     out = capsys.readouterr().out
-    assert out.count("warning: could not record the metrics") == 1 and "import of wandb halted" in out, out
+    assert out.count("warning: wandb cannot log this run") == 1 and "import of wandb halted" in out, out
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
 
 
@@ -1439,7 +1551,20 @@ def test_the_time_a_process_waits_for_a_cpu_is_measured():
     assert 0.3 < shared < 0.9 and asleep < 0.05, (shared, asleep)
 
 
-@pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json"])
+def test_a_gpu_takes_its_own_datasheet_peak_not_one_of_a_name_inside_its_own():
+    from hardware import GPU_PEAKS, gpu_datasheet_peaks
+    peaks = dict(GPU_PEAKS)
+    assert gpu_datasheet_peaks("NVIDIA L40") is peaks["L40"]  # it read the L4's, 1.5x too low
+    assert gpu_datasheet_peaks("NVIDIA L40S") is peaks["L40S"] and gpu_datasheet_peaks("NVIDIA L4") is peaks["L4"]
+    assert gpu_datasheet_peaks("NVIDIA A10G") is peaks["A10G"] and gpu_datasheet_peaks("NVIDIA A10") is peaks["A10"]
+    assert gpu_datasheet_peaks("NVIDIA H100 PCIe") is peaks["H100 PCIe"]
+    assert gpu_datasheet_peaks("NVIDIA H100 80GB HBM3") is peaks["H100"]
+    assert gpu_datasheet_peaks("NVIDIA A100-SXM4-80GB") is peaks["A100"]
+    assert gpu_datasheet_peaks("NVIDIA RTX A6000") is None
+
+
+@pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json", "[" * 200000],
+                         ids=["a string", "a list", "negative", "not json", "nested past json's depth"])
 def test_a_damaged_cpu_peak_file_costs_a_measurement_not_the_run(tmp_path, monkeypatch, content):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
