@@ -45,6 +45,13 @@ def ckpt_path(out_dir):
     return os.path.join(out_dir, "ckpt.pt")
 
 
+def check_not_an_out_dir(init_from):
+    """ValueError saying how to read it where init_from, given as GPT-2's weights, is a train.py out_dir."""
+    if os.path.isfile(ckpt_path(init_from)):
+        raise ValueError(f"init_from={init_from!r} is not GPT-2's weights: it holds train.py's ckpt.pt: give "
+                         f"--init_from=resume --out_dir={init_from}")
+
+
 def save_checkpoint(state, path):
     """Write state to path atomically (files.atomic_write); OSError if it cannot be written."""
     try:
@@ -54,7 +61,7 @@ def save_checkpoint(state, path):
         raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
 
 
-def load_checkpoint(path, map_location="cpu"):
+def load_checkpoint(path):
     """Load a checkpoint written by save_checkpoint; ValueError with the file's name if it can't be."""
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, not a checkpoint; move it away, or pass --out_dir=DIR holding ckpt.pt")
@@ -64,7 +71,7 @@ def load_checkpoint(path, map_location="cpu"):
         raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
     try:
-        return load_torch_file(path, map_location)
+        return load_torch_file(path)
     except NotSavedByTorch:
         raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
                          "a zip archive); train again, or point --out_dir at the run that wrote it") from None

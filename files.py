@@ -2,7 +2,8 @@
 Writing a file so that a crash at any moment leaves the old file or the new one, never half of one:
 checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
 out, before the work, whether a file can be written at all; reading a text file a user named, with
-errors that say which flag named it and what to give instead; and reading back what torch.save wrote.
+errors that say which flag named it and what to give instead; reading back what torch.save wrote;
+and standard output whose reader may leave (`python train.py | head -3`).
 """
 import glob
 import os
@@ -111,3 +112,36 @@ def load_torch_file(path, map_location="cpu"):
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class OutputThatMayClose:
+    """A text stream (stdout) whose reader may leave, as `python train.py | head -3` does: once the
+    pipe is closed, what follows is dropped and on_close() is called once."""
+
+    def __init__(self, stream, on_close):
+        self.stream, self.on_close, self.gone = stream, on_close, False
+
+    def write(self, text):
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self.reader_left()
+        return len(text)
+
+    def flush(self):
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.reader_left()
+
+    def reader_left(self):
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        self.on_close()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
+        return getattr(self.stream, name)

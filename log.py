@@ -113,39 +113,6 @@ class TrainingLog:
             self.metrics.close()
 
 
-class OutputThatMayClose:
-    """A text stream (stdout) whose reader may leave, as `python train.py | head -3` does: once the
-    pipe is closed, what follows is dropped and on_close() is called once."""
-
-    def __init__(self, stream, on_close):
-        self.stream, self.on_close, self.gone = stream, on_close, False
-
-    def write(self, text):
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except BrokenPipeError:
-                self.reader_left()
-        return len(text)
-
-    def flush(self):
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                self.reader_left()
-
-    def reader_left(self):
-        self.gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
-        os.dup2(devnull, self.stream.fileno())
-        os.close(devnull)
-        self.on_close()
-
-    def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
-        return getattr(self.stream, name)
-
-
 class MetricsLog:
     """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
     Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.

@@ -379,9 +379,8 @@ def hf_config(directory):
     the file and what is wrong with it."""
     path = os.path.join(directory, "config.json")
     if not os.path.isfile(path):
-        ours = train_py_out_dir(directory)
         raise ValueError(f"{directory} has no config.json; a Hugging Face GPT-2 directory holds config.json and "
-                         "model.safetensors (or pytorch_model.bin)" + (f"; {ours}" if ours else ""))
+                         "model.safetensors (or pytorch_model.bin)")
     try:
         with open(path, encoding="utf-8") as f:
             hf = json.load(f)
@@ -401,14 +400,6 @@ def hf_config(directory):
                          n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation)
     except ValueError as e:  # n_head=3 for 16 channels, say
         raise ValueError(f"{path} is damaged ({e}); download the model again") from None
-
-
-def train_py_out_dir(directory):
-    """What to give instead where a train.py out_dir (it holds ckpt.pt) is given as GPT-2's weights; ""
-    where directory is not one."""
-    if not os.path.isfile(os.path.join(directory, "ckpt.pt")):
-        return ""
-    return f"it holds train.py's ckpt.pt: give --init_from=resume --out_dir={directory}"
 
 
 def check_hf_shape(sd_hf, config, directory):

@@ -18,12 +18,12 @@ import torch
 
 from attention import Backend, check_backend
 from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
-from checkpoint import checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint, model_from_checkpoint
+from checkpoint import (check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint,
+                        model_from_checkpoint)
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer
-from files import check_writable, read_text_file
+from files import OutputThatMayClose, check_writable, read_text_file
 from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu
-from log import OutputThatMayClose
 from model import GPT, check_init_from, check_sampling
 
 
@@ -204,6 +204,7 @@ def load_model(cfg):
     """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights, checked to fit each other."""
     overrides = {"attention": cfg.backend()} if cfg.backend() else {}
     if cfg.init_from != "resume":
+        check_not_an_out_dir(cfg.init_from)
         model, tokenizer = GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
         check_vocabulary(model, tokenizer, f"--init_from={cfg.init_from}", "sample.py reads Hugging Face "
                          "models with GPT-2's tokenizer; give GPT-2 weights or a fine-tune of them")

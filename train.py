@@ -29,8 +29,8 @@ from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (check_out_dir, check_resumable, check_resume_fields, ckpt_path, load_checkpoint,
-                        model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state,
+from checkpoint import (check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields, ckpt_path,
+                        load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state,
                         trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
@@ -39,9 +39,9 @@ from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fa
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
                       pick_dtype, ran_out_of_memory, set_up_cpu)
-from log import OutputThatMayClose, TrainingLog
-from model import (GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from,
-                   train_py_out_dir)
+from files import OutputThatMayClose
+from log import TrainingLog
+from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, configure_optimizers, lr_multiplier, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
@@ -321,8 +321,7 @@ def check_data(cfg, data):
         raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the {data.meta['vocab_size']} tokens of "
                          f"{cfg.data_dir}; use --vocab_size=0 for the data's own")
     if cfg.init_from not in ("scratch", "resume") and data.meta["tokenizer"] != "gpt2":
-        if train_py_out_dir(cfg.init_from):
-            raise ValueError(f"init_from={cfg.init_from!r} is not GPT-2's weights: {train_py_out_dir(cfg.init_from)}")
+        check_not_an_out_dir(cfg.init_from)
         raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                          f"holds {data.meta['tokenizer']} tokens; prepare it with "
                          "`python data/prepare.py --tokenizer=gpt2 ...`")

@@ -113,14 +113,13 @@ class GPT2Tokenizer:
     """GPT-2 BPE with the CharTokenizer interface."""
 
     vocab_size = GPT2_VOCAB_SIZE
-    eot_token = GPT2_EOT
 
     def __init__(self):
         self.enc = gpt2_encoding()
 
     def encode(self, text):
         # encode_ordinary: "<|endoftext|>" typed in a prompt is plain text, not the special token
-        # (tiktoken's encode() would raise on it). Documents are separated with eot_token explicitly.
+        # (tiktoken's encode() would raise on it). data/prepare.py puts GPT2_EOT between documents itself.
         return self.enc.encode_ordinary(text)
 
     def decode(self, ids):

@@ -186,7 +186,7 @@ def test_tokenizer_from_meta():
     tok = tokenizer_from_meta({"tokenizer": "char", "chars": "ab", "vocab_size": 2})
     assert isinstance(tok, CharTokenizer) and tok.encode("ba") == [1, 0]
     tok = tokenizer_from_meta({"tokenizer": "gpt2", "vocab_size": 50257})
-    assert isinstance(tok, GPT2Tokenizer) and tok.vocab_size == 50257 and tok.eot_token == 50256
+    assert isinstance(tok, GPT2Tokenizer) and tok.vocab_size == 50257
     with pytest.raises(ValueError, match="unknown tokenizer"):
         tokenizer_from_meta({"tokenizer": "sentencepiece"})
 

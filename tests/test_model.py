@@ -551,12 +551,6 @@ def test_from_pretrained_rejects_a_config_that_does_not_fit_its_weights(hf_gpt2,
     assert time.time() - started < 10
 
 
-def test_from_pretrained_given_a_train_py_out_dir_says_how_to_read_it(tmp_path):
-    (tmp_path / "ckpt.pt").write_bytes(b"")
-    with pytest.raises(ValueError, match=f"holds train.py's ckpt.pt: give --init_from=resume --out_dir={tmp_path}$"):
-        GPT.from_pretrained(str(tmp_path))
-
-
 # --------------------------------------------------------------------------- training
 
 

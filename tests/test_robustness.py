@@ -1153,6 +1153,8 @@ CASES = [
          lambda c: ["was trained with a setting this code does not take (unknown activation 'swish'"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
          lambda c: [f"is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume --out_dir={c.trained}"]),
+    Case("sample-init-from-a-train-py-out-dir", lambda c: sample_args(c, f"--init_from={c.trained}"),
+         lambda c: [f"is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume --out_dir={c.trained}"]),
     # written before the code had `activation`: that model was GPT-2's tanh GELU, and another one given is refused
     Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(
         c, "--init_from=resume", "--activation=gelu", out=c.ckpt_with(
