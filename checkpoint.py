@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import tokenizer_from_meta
-from files import NotSavedByTorch, atomic_write, load_torch_file
+from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
 
@@ -228,17 +228,18 @@ def check_out_dir(out_dir, resuming, overwrite):
                          "--out_dir, or start again in this one with --overwrite=true")
     probe = os.path.join(out_dir, f".write-test{os.getpid()}")
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(bytes(1 << 20))
-            f.flush()
-            os.fsync(f.fileno())
+        with new_directories(out_dir):  # a failed probe leaves no empty out_dir behind
+            try:
+                with open(probe, "wb") as f:
+                    f.write(bytes(1 << 20))
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                if os.path.exists(probe):
+                    os.remove(probe)
     except OSError as e:
         raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
                          "or free some space") from None
-    finally:
-        if os.path.exists(probe):
-            os.remove(probe)
     lock_out_dir(out_dir)
 
 

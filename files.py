@@ -5,6 +5,7 @@ out, before the work, whether a file can be written at all; reading a text file 
 errors that say which flag named it and what to give instead; reading back what torch.save wrote;
 and standard output whose reader may leave (`python train.py | head -3`).
 """
+import contextlib
 import glob
 import os
 import tempfile
@@ -58,6 +59,25 @@ def process_alive(pid):
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def new_directories(path):
+    """os.makedirs(path) for the block; where the block raises (a probe that finds the disk full, a run
+    stopped halfway), the directories made here are removed again: not those that already were, nor
+    one in which something else has since put a file."""
+    made, parent = [], path
+    while parent and not os.path.lexists(parent):  # the directories this makes, deepest first
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(path, exist_ok=True)
+        yield
+    except BaseException:
+        for directory in made:
+            with contextlib.suppress(OSError):  # not empty: what is in it is kept
+                os.rmdir(directory)
+        raise
 
 
 def check_writable(path):

@@ -43,7 +43,8 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
 from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
-from files import atomic_write, check_text_file, clear_stale_temporaries, read_text_file, temporary_path  # noqa: E402
+from files import (atomic_write, check_text_file, clear_stale_temporaries, new_directories,  # noqa: E402
+                   read_text_file, temporary_path)
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -92,25 +93,18 @@ def _tmp_path(path):
 def _writable_out_dir(out_dir):
     """Make out_dir (a normalised path) and check that a file can be written in it, before any text is read or downloaded
     (a large dataset takes hours). A run that fails after that removes the directories it made."""
-    made, path = [], out_dir
-    while path and not os.path.lexists(path):  # the directories this run makes, deepest first
-        made.append(path)
-        path = os.path.dirname(path)
-    if path and not os.path.isdir(path):
-        raise ValueError(f"cannot write to out_dir={out_dir!r}: {path} is not a directory; pick another --out_dir")
-    try:
+    parent = out_dir
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ValueError(f"cannot write to out_dir={out_dir!r}: {parent} is not a directory; pick another --out_dir")
+    with new_directories(out_dir):
         try:
-            os.makedirs(out_dir, exist_ok=True)
             with tempfile.TemporaryFile(dir=out_dir):  # a probe: not read-only, ours to write
                 pass
         except OSError as e:
             raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror or e}; pick another --out_dir") from None
         yield
-    except BaseException:
-        for directory in made:
-            with contextlib.suppress(OSError):  # not empty: files someone else put there are kept
-                os.rmdir(directory)
-        raise
 
 
 def _staging(out_dir):

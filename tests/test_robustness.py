@@ -962,6 +962,16 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(disk)], check=True)
 
 
+def test_an_out_dir_on_a_full_disk_is_refused_and_not_left_behind(small_disk):
+    """The write probe finds the disk full before training: one line, and the directories the check made
+    for out_dir are gone again (an empty out_dir had been left on the full disk)."""
+    from checkpoint import check_out_dir
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=1M", "count=40"], capture_output=True)
+    with pytest.raises(ValueError, match=r"cannot write to out_dir=.*: No space left on device; pick another"):
+        check_out_dir(str(small_disk / "runs" / "first"), resuming=False, overwrite=False)
+    assert os.listdir(small_disk) == ["filler"]
+
+
 def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, data_dir, launch):
     """Each ~19 MB checkpoint fits once in 30 MB, not twice: the save at iteration 2 works, the one at
     4 fails with a warning while training goes on, the last one (6) fails the run with one line."""
