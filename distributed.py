@@ -138,8 +138,11 @@ def stop_if_a_peer_is_gone(error):
     if not torch.distributed.is_initialized() or not (
             isinstance(error, torch.distributed.DistError) or "closed by peer" in text or "reset by peer" in text):
         return
-    fail_alone(f"another process of this torchrun job stopped, so this one cannot go on "
-               f"({text.splitlines()[0][-120:]}); that process's log says why")
+    # gloo's first sentence, after where in its source it was raised: "[.../pair.cc:537] Read error ...: Connection
+    # reset by peer. This is typically caused by ..."
+    said = (text.splitlines() or [""])[0].split("] ", 1)[-1].split(". ")[0][:160]
+    fail_alone(f"another process of this torchrun job stopped, so this one cannot go on ({said}); that "
+               "process's log says why")
 
 
 def leave_process_group():
@@ -147,7 +150,11 @@ def leave_process_group():
     if torch.distributed.is_initialized():
         kind, _, frames = sys.exc_info()
         if kind in (None, SystemExit):
-            torch.distributed.barrier()
+            try:
+                torch.distributed.barrier()
+            except RuntimeError as e:  # a peer that died meanwhile: one line, not gloo's traceback
+                stop_if_a_peer_is_gone(e)
+                raise
         if frames is not None:
             # the frames an exit or error left (train's, after a SIGTERM) hold the DDP wrapper: freed at the
             # interpreter's exit, its reducer would free the gloo group last, holding the GIL while it waits

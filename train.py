@@ -219,9 +219,11 @@ def main(cfg):
         stop_if_a_peer_is_gone(e)
         raise
     finally:
-        stop.release()
         unlock_out_dir(cfg.out_dir)
-        leave_process_group()
+        try:  # the stop's handlers stay until the group is left: a signal now is noted, not a death mid-barrier
+            leave_process_group()
+        finally:
+            stop.release()
 
 
 @dataclass

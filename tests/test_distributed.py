@@ -190,3 +190,34 @@ def test_leaving_after_an_exit_frees_the_ddp_wrapper_before_the_group(monkeypatc
         if torch.distributed.is_initialized():  # left by a failure above: the next test of this worker starts clean
             destroy()
     assert wrapper_alive_at_destroy == [False]
+
+
+def test_a_peer_gone_is_said_by_gloos_first_sentence(monkeypatch, capsys):
+    """The line names what gloo said went wrong, not the last 120 characters of its advice."""
+    import distributed
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.os, "_exit", lambda status: (_ for _ in ()).throw(SystemExit(status)))
+    error = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:35751: "
+                         "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in "
+                         "the application. Check the logs of the remote worker before reporting an error. GLHF!")
+    with pytest.raises(SystemExit) as exit:
+        distributed.stop_if_a_peer_is_gone(error)
+    assert exit.value.code == 1 and capsys.readouterr().err == (
+        "error: another process of this torchrun job stopped, so this one cannot go on (Read error "
+        "[127.0.0.1]:35751: Connection reset by peer); that process's log says why\n")
+
+
+def test_the_group_is_left_with_the_stop_handlers_still_in(tmp_path, data_dir, monkeypatch):
+    """Under torchrun the last barrier waits for rank 0's last save: a SIGTERM then (torchrun's, as a job
+    ends) killed the rank already waiting, with the default handler back, and rank 0's barrier was a gloo
+    traceback. The handlers go back only once the group is left."""
+    import signal
+
+    import train
+    seen = []
+    monkeypatch.setattr(train, "leave_process_group", lambda: seen.append(signal.getsignal(signal.SIGTERM)))
+    before = signal.getsignal(signal.SIGTERM)
+    train.main(train.TrainConfig(device="cpu", dtype="float32", max_seconds=0, max_iters=2, n_layer=1, n_head=2,
+                                 n_embd=16, block_size=8, batch_size=2, eval_iters=1, compile=False,
+                                 data_dir=str(data_dir), out_dir=str(tmp_path)))
+    assert len(seen) == 1 and seen[0] not in (before, signal.SIG_DFL) and signal.getsignal(signal.SIGTERM) == before
