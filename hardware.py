@@ -222,7 +222,7 @@ def memory_bytes(device):
 # matrix-multiply probe run once and cached, since no table can know a CPU's.
 
 # Dense peak FLOP/s by GPU name fragment, for bf16/fp16 tensor cores and for fp32 (as TF32, which
-# train.py enables on CUDA). Checked in order, each as whole words of the name: longer names first.
+# train.py enables on CUDA). Checked in order (gpu_datasheet_peaks): longer names first.
 GPU_PEAKS = [
     ("H200", {"bf16": 989e12, "fp32": 494e12}),
     ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
@@ -242,9 +242,11 @@ GPU_PEAKS = [
 
 
 def gpu_datasheet_peaks(name):
-    """GPU_PEAKS' entry for a GPU named name (torch.cuda.get_device_name), or None where it has none.
-    An entry matches whole words of the name: "L4" is not the L40's, "A10" not the A10G's."""
-    return next((peaks for fragment, peaks in GPU_PEAKS if re.search(rf"\b{re.escape(fragment)}\b", name)), None)
+    """GPU_PEAKS' entry for a GPU named name (torch.cuda.get_device_name), or None where it has none. An
+    entry matches where no letter or digit follows it: "A100" is not the RTX A1000's, "L4" not the L40's;
+    the GH200's GPU is an H200."""
+    return next((peaks for fragment, peaks in GPU_PEAKS if re.search(rf"{re.escape(fragment)}(?![0-9A-Za-z])", name)),
+                None)
 
 
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores

@@ -2,7 +2,7 @@
 The run's log, written by rank 0: a line on the terminal per log_interval and per evaluation, the
 same values as records in out_dir/metrics.jsonl (and Weights & Biases when asked), and the loss
 curves redrawn into out_dir/loss.png at each evaluation. These are side outputs: a failure to write
-them warns once, and training goes on.
+them warns once (per place: out_dir's files, wandb), and training goes on.
 """
 import json
 import math
@@ -117,7 +117,7 @@ class MetricsLog:
     """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
     Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
     A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's
-    iteration (resumed_at). These are side outputs: a failure to write them warns once, and
+    iteration (resumed_at). These are side outputs: a failure to write them warns once per place, and
     training goes on."""
 
     def __init__(self, out_dir, resumed_at=None, wandb=None):
@@ -139,7 +139,7 @@ class MetricsLog:
         said = "; ".join(line.strip() for line in str(getattr(error, "strerror", None) or error).splitlines()
                          if line.strip())[:300]  # one line: wandb's settings errors take several
         if where == "wandb":
-            print(f"warning: wandb cannot log this run: {said}; metrics.jsonl is written all the same")
+            print(f"warning: wandb cannot log this run: {said}; training goes on")
         else:
             print(f"warning: could not record the metrics (metrics.jsonl, loss.png) in {os.path.dirname(self.path)}: "
                   f"{said}; training and checkpoints go on")
@@ -188,14 +188,15 @@ def start_wandb(project, name, config, warn):
 
 
 def wandb_api_key_found():
-    """Whether wandb has an API key: WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc for its server
-    (a .netrc that holds only other machines' passwords is no key)."""
+    """Whether wandb has an API key: WANDB_API_KEY, or `wandb login`'s entry for its server in the netrc
+    file wandb reads ($NETRC, else ~/.netrc; a netrc of other machines' passwords only is no key)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):  # none, or one wandb could not read either
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:  # the path given: as wandb, no refusal of a file others may read
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):  # none, or not a netrc wandb could read either
         return False
 
 

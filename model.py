@@ -153,7 +153,7 @@ class GPT(nn.Module):
 
     def crop_block_size(self, block_size):
         """Shrink the context (e.g. GPT-2's 1024) to a smaller block_size for cheaper fine-tuning."""
-        if not (isinstance(block_size, int) and block_size > 0):
+        if not (whole_number(block_size) and block_size > 0):
             raise ValueError(f"block_size must be a positive whole number, got {block_size}")
         if block_size > self.config.block_size:
             raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
@@ -223,7 +223,8 @@ class GPT(nn.Module):
         fp32 they give the same tokens; in bf16 the fused kernels round a single query differently from
         a whole window, so a long sample may part ways where two tokens are nearly tied.)
         vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
-        vocabulary was padded: the others never occur in the data)."""
+        vocabulary was padded: the others never occur in the data). A model in training mode samples
+        in eval mode (no dropout) until the stream ends or is closed."""
         check_sampling(temperature, top_k, top_p, max_new_tokens)
         B, T = idx.shape
         if T == 0:
@@ -250,7 +251,8 @@ class GPT(nn.Module):
                 tokens[:, t:t + 1] = next_token
                 yield next_token
         finally:
-            self.train(was_training)
+            if was_training:  # back once the stream ends or is closed
+                self.train()
 
     def generate(self, idx, max_new_tokens, **sampling):
         """Return idx (B, T) extended by max_new_tokens sampled tokens; `sampling` takes the options
@@ -293,12 +295,17 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens=None):
     """ValueError, saying why, for sampling options that cannot work."""
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k >= 1):
+    if top_k is not None and not (whole_number(top_k) and top_k >= 1):
         raise ValueError(f"top_k must be a whole number, at least 1 (or None for all tokens), got {top_k}")
-    if max_new_tokens is not None and not (isinstance(max_new_tokens, int) and max_new_tokens >= 0):
+    if max_new_tokens is not None and not (whole_number(max_new_tokens) and max_new_tokens >= 0):
         raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
+
+
+def whole_number(x):
+    """An int that is not a bool (True is an int to Python, not a count to a user)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):

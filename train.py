@@ -182,7 +182,7 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
-            check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, cfg.n_embd // cfg.n_head)
+            check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, head_size(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
                 note = "\n".join(filter(None, [note, changed]))
@@ -313,6 +313,12 @@ def load_data(cfg, setup):
     return Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta))
 
 
+def head_size(cfg):
+    """The heads' size of the model cfg trains, where cfg decides it; None for GPT-2's weights, whose
+    shape is theirs (heads of 64 in every size)."""
+    return cfg.n_embd // cfg.n_head if cfg.init_from in ("scratch", "resume") else None
+
+
 def check_data(cfg, data):
     """ValueError unless the data suits the run's settings (a resumed run's, as_run's: its block_size, say)."""
     for split, tokens in (("train", data.train), ("val", data.val)):
@@ -322,8 +328,9 @@ def check_data(cfg, data):
     if cfg.vocab_size and cfg.vocab_size < data.meta["vocab_size"]:
         raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the {data.meta['vocab_size']} tokens of "
                          f"{cfg.data_dir}; use --vocab_size=0 for the data's own")
-    if cfg.init_from not in ("scratch", "resume") and data.meta["tokenizer"] != "gpt2":
+    if cfg.init_from not in ("scratch", "resume"):
         check_not_an_out_dir(cfg.init_from)
+    if cfg.init_from not in ("scratch", "resume") and data.meta["tokenizer"] != "gpt2":
         raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                          f"holds {data.meta['tokenizer']} tokens; prepare it with "
                          "`python data/prepare.py --tokenizer=gpt2 ...`")

@@ -207,6 +207,25 @@ def test_a_peer_gone_is_said_by_gloos_first_sentence(monkeypatch, capsys):
         "[127.0.0.1]:35751: Connection reset by peer); that process's log says why\n")
 
 
+def test_a_last_barrier_that_meets_a_gone_peer_is_one_line(monkeypatch, capsys):
+    """Leaving the group after a normal end: a peer that died meanwhile makes gloo's barrier raise; that is
+    the one line a gone peer gets, not gloo's traceback."""
+    import distributed
+
+    def barrier():
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                           "[127.0.0.1]:21544")
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "barrier", barrier)
+    monkeypatch.setattr(distributed.os, "_exit", lambda status: (_ for _ in ()).throw(SystemExit(status)))
+    with pytest.raises(SystemExit) as exit:
+        distributed.leave_process_group()
+    assert exit.value.code == 1 and capsys.readouterr().err == (
+        "error: another process of this torchrun job stopped, so this one cannot go on (Connection closed by peer "
+        "[127.0.0.1]:21544); that process's log says why\n")
+
+
 def test_the_group_is_left_with_the_stop_handlers_still_in(tmp_path, data_dir, monkeypatch):
     """Under torchrun the last barrier waits for rank 0's last save: a SIGTERM then (torchrun's, as a job
     ends) killed the rank already waiting, with the default handler back, and rank 0's barrier was a gloo

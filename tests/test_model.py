@@ -351,7 +351,7 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
         assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
     with pytest.raises(ValueError, match="block_size=9 is larger than the model's 8"):
         model.crop_block_size(9)
-    for size in (0, -3, 2.5):  # a negative size had cut wpe to its first rows but 3, and the model took it
+    for size in (0, -3, 2.5, True):  # a negative size had cut wpe to its first rows but 3, and the model took it
         with pytest.raises(ValueError, match=rf"block_size must be a positive whole number, got {size}"):
             model.crop_block_size(size)
     assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
@@ -649,6 +649,7 @@ def test_stream_samples_only_the_first_vocab_size_tokens():
 @pytest.mark.parametrize("options, match", [({"temperature": -1.0}, "temperature"),
                                             ({"temperature": float("nan")}, "temperature"),
                                             ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k must be a whole number"),
+                                            ({"top_k": True}, "top_k must be a whole number"),
                                             ({"top_p": 0.0}, "top_p"),
                                             ({"max_new_tokens": -1}, "max_new_tokens must be a whole number >= 0")])
 def test_generate_refuses_options_it_cannot_sample_with(options, match):
@@ -666,6 +667,15 @@ def test_generate_samples_without_dropout_in_either_mode():
     model.train()
     assert torch.equal(model.generate(prompt, 10, temperature=0), expected)
     assert model.training and all(m.training for m in model.modules())
+    stream = model.stream(prompt, 10, temperature=0)
+    next(stream)
+    stream.close()  # a stream left before its end: the mode is back at once
+    assert model.training and all(m.training for m in model.modules())
+    model.eval()
+    stream = model.stream(prompt, 10, temperature=0)
+    next(stream)
+    stream.close()
+    assert not any(m.training for m in model.modules())
 
 
 def test_generate_refuses_an_empty_prompt():

@@ -1294,8 +1294,7 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
     log.write({"iter": 1, "loss": 2.0})
     log.close()
     out = capsys.readouterr().out
-    assert out == ("warning: wandb cannot log this run: wandb.init timed out (no network); metrics.jsonl is written "
-                   "all the same\n"), out
+    assert out == "warning: wandb cannot log this run: wandb.init timed out (no network); training goes on\n", out
     assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
 
 
@@ -1388,6 +1387,24 @@ def test_wandb_goes_online_only_with_its_own_key(tmp_path, monkeypatch, netrc_te
     monkeypatch.delenv("WANDB_BASE_URL", raising=False)
     assert wandb_api_key_found() is found
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert wandb_api_key_found()
+
+
+def test_wandb_key_is_looked_for_where_wandb_looks(tmp_path, monkeypatch):
+    """$NETRC names the file, as for wandb; and a netrc others may read (0644) still holds the key wandb
+    uses (Python's default netrc refuses such a file, and the run went offline though logged in)."""
+    from log import wandb_api_key_found
+    key = tmp_path / "elsewhere"
+    key.write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+    key.chmod(0o644)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("NETRC", str(key))
+    assert wandb_api_key_found()
+    monkeypatch.delenv("NETRC")
+    (tmp_path / "home").mkdir()
+    key.rename(tmp_path / "home" / ".netrc")
     assert wandb_api_key_found()
 
 
@@ -1572,7 +1589,8 @@ def test_a_gpu_takes_its_own_datasheet_peak_not_one_of_a_name_inside_its_own():
     assert gpu_datasheet_peaks("NVIDIA H100 PCIe") is peaks["H100 PCIe"]
     assert gpu_datasheet_peaks("NVIDIA H100 80GB HBM3") is peaks["H100"]
     assert gpu_datasheet_peaks("NVIDIA A100-SXM4-80GB") is peaks["A100"]
-    assert gpu_datasheet_peaks("NVIDIA RTX A6000") is None
+    assert gpu_datasheet_peaks("NVIDIA RTX A6000") is None and gpu_datasheet_peaks("NVIDIA RTX A1000") is None
+    assert gpu_datasheet_peaks("NVIDIA GH200 480GB") is peaks["H200"] and gpu_datasheet_peaks("NVIDIA GB200") is peaks["B200"]
 
 
 @pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json", "[" * 200000],

@@ -815,6 +815,31 @@ def as_torchrun_rank_of_two(monkeypatch, local_rank, gpus):
         monkeypatch.setenv(name, str(value))
 
 
+def test_the_head_size_check_reads_the_model_the_run_trains(tmp_path, data_dir, monkeypatch):
+    """attention's head-size check (flash on CUDA) gets n_embd/n_head where the settings shape the model,
+    and nothing for GPT-2's weights, whose shape is theirs whatever --n_embd says."""
+    import train
+    seen = []
+    monkeypatch.setattr(train, "check_backend", lambda *args: seen.append(args[-1]))
+    train.main(tiny_config(data_dir, tmp_path, n_embd=24, n_head=2, max_iters=1, compile=False))
+    assert seen == [12]
+    assert train.head_size(train.TrainConfig(init_from="gpt2", n_embd=512, n_head=1)) is None
+
+
+def test_a_train_py_out_dir_given_as_weights_is_named_whatever_the_data(tmp_path, data_dir):
+    """--init_from=OUT_DIR of train.py: on GPT-2 tokens too (where init_from is at home), one line saying
+    how to resume it, not that it lacks a config.json."""
+    import numpy as np
+
+    import train
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    tokens = np.zeros(100, dtype=np.uint16)
+    data = train.Data(tokens, tokens, {"tokenizer": "gpt2", "vocab_size": 50257})
+    with pytest.raises(ValueError, match=rf"is not GPT-2's weights: it holds train.py's ckpt.pt: give "
+                                         rf"--init_from=resume --out_dir={tmp_path}$"):
+        train.check_data(train.TrainConfig(init_from=str(tmp_path), block_size=8), data)
+
+
 def test_a_gpu_is_always_named_with_its_index(monkeypatch):
     """torch.cuda.set_device takes cuda:N, not cuda (ValueError: "Expected a torch.device with a specified
     index"): device=auto and device=cuda on a GPU machine trained nowhere. Without torchrun they mean the
