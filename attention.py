@@ -94,8 +94,10 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
     if backend in ("fa2", "fa3"):
         fn = fa2_func if backend == "fa2" else fa3_func
         if fn is None:
-            raise ValueError(f"attention={backend!r} needs the flash-attn package, which is not installed "
-                             "(pip install flash-attn on a CUDA machine); use attention='flash' for PyTorch's kernel")
+            how = ("pip install flash-attn on a CUDA machine" if backend == "fa2" else "FA3 is built from the "
+                   "flash-attn repository's hopper/ directory, as flash_attn_interface")
+            raise ValueError(f"attention={backend!r} needs the flash-attn package's {backend.upper()}, which is not "
+                             f"installed ({how}); use attention='flash' for PyTorch's kernel")
         if device_type != "cuda":
             raise ValueError(f"attention={backend!r} runs only on CUDA GPUs; use attention='flash' or 'sdpa' on {device_type}")
         if dtype == torch.float32:

@@ -538,7 +538,9 @@ def test_cpu_backends_are_every_backend_that_runs_on_a_cpu():
 @pytest.mark.parametrize("backend", ["fa2", "fa3"])
 def test_flash_attn_package_backends_fail_clearly_on_cpu(backend):
     m = make_mha(backend)
-    with pytest.raises(ValueError, match=rf"attention='{backend}' needs the flash-attn package"):
+    how = r"pip install flash-attn" if backend == "fa2" else r"FA3 is built from the flash-attn repository's hopper/"
+    with pytest.raises(ValueError, match=rf"attention='{backend}' needs the flash-attn package's "
+                                         rf"{backend.upper()}, which is not installed \({how}"):
         m(rand(B, 4, C))
 
 
