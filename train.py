@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields, ckpt_path,
-                        load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state, torch_rng_state,
-                        trained_settings, unlock_out_dir)
+                        load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
+                        torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
