@@ -29,6 +29,9 @@ from optim import schedule_reads_max_iters
 RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
                  "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
                  "rng": dict}
+# and what it writes and reads back where it is there: the run's name (train.TrainState.run_id), which
+# checkpoints written before runs had names lack (None: one resumed from such a checkpoint)
+OPTIONAL_RESUME_FIELDS = {"run_id": (str, type(None))}
 # settings whose "auto" or 0 train.py records as the run resolved it (train.as_run); a checkpoint written
 # before it did holds the auto or 0 itself, which does not say what that run used: not compared
 RESOLVED_SETTINGS = ("dtype", "gradient_accumulation_steps")
@@ -195,6 +198,8 @@ def check_resume_fields(checkpoint, path):
             wrong.append(f"iter_num is {checkpoint['iter_num']}")
         if not 0 <= checkpoint["trained_seconds"] < math.inf:  # NaN too
             wrong.append(f"trained_seconds is {checkpoint['trained_seconds']}")
+        wrong += [f"{key} is {type(checkpoint[key]).__name__}" for key, kinds in OPTIONAL_RESUME_FIELDS.items()
+                  if key in checkpoint and not isinstance(checkpoint[key], kinds)]
     if wrong:
         raise ValueError(f"{path} is damaged ({', '.join(wrong)}): resume cannot continue from it; start a new "
                          "run, or resume from a copy of an earlier checkpoint")

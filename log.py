@@ -41,13 +41,13 @@ class TrainingLog:
                   f"attention {cfg.attention} | {torch.get_num_threads()} threads | {processes} | "
                   f"{self.tokens_per_iter:,} tokens/iter" + (f" | MFU against {source}" if measure else ""))
 
-    def open(self, iter_num):
-        """Training begins at iter_num: start the records in out_dir, then the clock between log lines
-        (wandb's start, seconds long, is not training)."""
+    def open(self, iter_num, run_id):
+        """Training of run run_id begins at iter_num: start the records in out_dir, then the clock between
+        log lines (wandb's start, seconds long, is not training)."""
         if self.master:
             wandb = (self.cfg.wandb_project, self.cfg.wandb_run_name, asdict(self.cfg)) if self.cfg.wandb_log else None
             resumed_at = iter_num if self.cfg.init_from == "resume" else None
-            self.metrics = MetricsLog(self.cfg.out_dir, resumed_at, wandb)
+            self.metrics = MetricsLog(self.cfg.out_dir, run_id, resumed_at, wandb)
         self.last_time, self.last_iter = time.time(), iter_num
         if self.busy:
             self.busy.restart()
@@ -61,16 +61,17 @@ class TrainingLog:
         if warning:
             print(warning)
 
-    def nonfinite(self, iter_num):
+    def nonfinite(self, iter_num, checkpointed):
         """The error for a non-finite loss among the steps since the last log line, naming its
-        iteration, or None (the others' answer is always None: rank 0 keeps the losses)."""
+        iteration (and out_dir's checkpoint, if it is this run's: checkpointed), or None (the others'
+        answer is always None: rank 0 keeps the losses)."""
         if not self.losses or self.fp16:
             return None
         values = torch.stack(self.losses).tolist()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is None:
             return None
-        where = f"; the last good checkpoint is {self.ckpt_path}" if os.path.exists(self.ckpt_path) else ""
+        where = f"; the last good checkpoint is {self.ckpt_path}" if checkpointed else ""
         rates = "--learning_rate and --muon_lr" if self.cfg.optimizer == "muon" else "--learning_rate"
         precision = ", or train in --dtype=float32" if self.dtype == torch.bfloat16 else ""  # fp16 never comes here
         return (f"the loss became {values[bad]} at iteration {iter_num - len(values) + bad + 1}; lower "
@@ -116,14 +117,17 @@ class TrainingLog:
 class MetricsLog:
     """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
     Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
-    A new run starts the file afresh; a resumed one keeps the records up to its checkpoint's
-    iteration (resumed_at). These are side outputs: a failure to write them warns once per place, and
-    training goes on."""
+    Each record names its run (run_id). A new run starts the file afresh; a resumed one keeps its own
+    records up to its checkpoint's iteration (resumed_at), and not those of a run that started in
+    out_dir since and saved no checkpoint (--overwrite=true). These are side outputs: a failure to
+    write them warns once per place, and training goes on."""
 
-    def __init__(self, out_dir, resumed_at=None, wandb=None):
+    def __init__(self, out_dir, run_id, resumed_at=None, wandb=None):
         self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
-        self.file, self.wandb, self.warned = None, None, set()
-        kept = read_metrics(self.path, until=resumed_at) if resumed_at is not None else []
+        self.file, self.wandb, self.warned, self.run_id = None, None, set(), run_id
+        kept = []
+        if resumed_at is not None:  # a record without "run" is from before runs had one, as is its checkpoint
+            kept = [r for r in read_metrics(self.path, until=resumed_at) if r.get("run") == run_id]
         try:
             atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
             self.file = open(self.path, "a")
@@ -148,7 +152,7 @@ class MetricsLog:
     def write(self, record):
         try:
             if self.file:
-                self.file.write(json.dumps(record) + "\n")
+                self.file.write(json.dumps({**record, "run": self.run_id}) + "\n")
                 self.file.flush()
         except OSError as e:  # a full disk: never the end of training
             self.warn(e)

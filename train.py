@@ -12,6 +12,7 @@ import collections
 import contextlib
 import os
 import random
+import secrets
 import shlex
 import signal
 import sys
@@ -64,7 +65,7 @@ class TrainConfig(GPTConfig):
     out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
     init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
-    overwrite: bool = False  # a new run may replace a trained checkpoint in out_dir (else it refuses)
+    overwrite: bool = False  # a new run may replace out_dir's trained checkpoint, at its first save (else it refuses)
     eval_only: bool = False  # print the initial model's train and val loss, write nothing, stop
     eval_interval: int = 1000  # iterations between evaluations (and checkpoints)
     eval_iters: int = 200  # batches per evaluation; the same batches every time
@@ -175,7 +176,7 @@ def main(cfg):
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
     stop.watch_output()
     try:
-        error, note, model = None, "", None
+        error, note, model, state = None, "", None, None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
             setup = set_up(cfg)
             data = load_data(cfg, setup)
@@ -215,7 +216,7 @@ def main(cfg):
         fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
         if ran_out_of_memory(e):
-            fail_alone(out_of_memory(cfg, e, building=model is None), status=1)
+            fail_alone(out_of_memory(cfg, e, has_checkpoint(cfg, state), building=model is None), status=1)
         stop_if_a_peer_is_gone(e)
         raise
     finally:
@@ -455,6 +456,11 @@ class TrainState:
     iter_num: int = 0
     best_val_loss: float = float("inf")
     clock: Clock = field(default_factory=Clock)
+    # a run's name in its checkpoints and metrics records, drawn when it starts (from the OS, not the seeded
+    # generators; each rank its own, and rank 0's is the one written) and kept across resumes. None: a
+    # checkpoint written before runs had one
+    run_id: str | None = field(default_factory=lambda: secrets.token_hex(4))
+    saved: bool = False  # this run has written out_dir's ckpt.pt (a new one may find an earlier run's there)
 
 
 def resume_state(state, checkpoint, path, setup, cfg):
@@ -483,6 +489,7 @@ def resume_state(state, checkpoint, path, setup, cfg):
                          "resume cannot continue from it; start a new run") from None
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
+    state.run_id = checkpoint.get("run_id")
     if not cfg.eval_only and (state.iter_num >= cfg.max_iters or 0 < cfg.max_seconds <= state.clock.seconds()):
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
                          f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
@@ -599,7 +606,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
     agreements = AgreementSchedule(cfg.max_seconds)
     n_eval = evaluation_batches(state.model, data, cfg, setup)
-    logger.open(state.iter_num)
+    logger.open(state.iter_num, state.run_id)
     stop.start()
     state.clock.start()
     while True:
@@ -624,7 +631,8 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         logged = state.iter_num % cfg.log_interval == 0
         if setup.distributed and not (logged or agreements.due(state.iter_num)):
             continue  # the ranks act on the clock, signals and the loss only where they agree on them
-        problem = logger.nonfinite(state.iter_num) if logged or setup.distributed or stop.signum else None
+        problem = (logger.nonfinite(state.iter_num, has_checkpoint(cfg, state))
+                   if logged or setup.distributed or stop.signum else None)
         signum, elapsed, failed = agree_on_stop(stop.signum, state.clock.seconds(), problem is not None, setup.device)
         if failed:
             fail_together(problem, status=1)
@@ -642,7 +650,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
 def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, final):
     """Evaluate on n_eval batches of each split, save the checkpoint (for `reason`) and log both losses;
     the clock stops meanwhile: evaluating, saving and drawing are not training time."""
-    fail_together(logger.nonfinite(state.iter_num), status=1)
+    fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1)
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])
@@ -719,29 +727,39 @@ def save(state, cfg, meta, setup, reason, final=False):
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
     torch_states = gather(torch_rng_state())  # each rank's dropout generators
     if not setup.master:
+        state.saved = True  # rank 0 writes it (a failed write it reports itself)
         return
     path = ckpt_path(cfg.out_dir)
     checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
                   "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": meta,
                   "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
-                  "trained_seconds": state.clock.seconds(), "rng": rng_state(state.batches.generator, torch_states)}
+                  "trained_seconds": state.clock.seconds(), "rng": rng_state(state.batches.generator, torch_states),
+                  "run_id": state.run_id}
     try:
         save_checkpoint(checkpoint, path)
     except OSError as e:
-        kept = f"; {path} still holds the previous checkpoint" if os.path.exists(path) else ""
+        whose = "the previous" if has_checkpoint(cfg, state) else "an earlier run's"  # --overwrite=true's
+        kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
         message = f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}"
         if final:
             fail(message + "; free some space, or pick another --out_dir, and run again", status=1)
         print(f"warning: {message}; training goes on and tries again at the next evaluation")
         return
+    state.saved = True
     print(f"saved {path} ({reason})")
 
 
-def out_of_memory(cfg, error, building=False):
+def has_checkpoint(cfg, state):
+    """Whether out_dir's ckpt.pt holds this run: the one it resumed from, or one it has saved since. A new
+    run with --overwrite=true finds an earlier run's there, and leaves it until its own first save."""
+    this_runs = cfg.init_from == "resume" or (state is not None and state.saved)
+    return this_runs and os.path.exists(ckpt_path(cfg.out_dir))
+
+
+def out_of_memory(cfg, error, checkpointed, building=False):
     """The line for a run whose model (while building it), or model and micro-batches, do not fit in
-    its device's memory."""
-    path = ckpt_path(cfg.out_dir)
-    kept = f"the last checkpoint, {path}, is kept" if os.path.exists(path) else "nothing was saved"
+    its device's memory; checkpointed: out_dir holds this run's checkpoint (has_checkpoint)."""
+    kept = f"the last checkpoint, {ckpt_path(cfg.out_dir)}, is kept" if checkpointed else "nothing was saved"
     # torch's first words, "CUDA out of memory"; a CPU's allocator says more about itself than about memory
     said = "out of memory"
     if isinstance(error, torch.OutOfMemoryError):

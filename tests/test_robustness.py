@@ -1126,6 +1126,8 @@ CASES = [
         lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
     Case("resume-iter_num-negative", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "iter_num", -5))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (iter_num is -5)"]),
+    Case("resume-run_id-a-number", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck, "run_id", 7))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (run_id is int)"]),
     Case("resume-trained_seconds-nan", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "trained_seconds", float("nan")))), lambda c: ["is damaged (trained_seconds is nan)"]),
     Case("resume-tokenizer-chars-a-number", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
@@ -1290,12 +1292,13 @@ def test_wandb_that_cannot_start_warns_and_the_run_goes_on(tmp_path, monkeypatch
         raise RuntimeError("wandb.init timed out (no network)")
 
     monkeypatch.setattr(wandb, "init", refuse)
-    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log = MetricsLog(str(tmp_path), "r1", wandb=("gpt", "run", {}))
     log.write({"iter": 1, "loss": 2.0})
     log.close()
     out = capsys.readouterr().out
     assert out == "warning: wandb cannot log this run: wandb.init timed out (no network); training goes on\n", out
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
+    written = (tmp_path / "metrics.jsonl").read_text()
+    assert written == '{"iter": 1, "loss": 2.0, "run": "r1"}\n', "the metrics were still written"
 
 
 def a_training_log(tmp_path, monkeypatch, peak=None):
@@ -1313,7 +1316,7 @@ def test_without_a_peak_the_log_says_no_mfu_and_records_null(tmp_path, monkeypat
     """A GPU that hardware.GPU_PEAKS does not list: no "MFU nan%" on the line, and null in metrics.jsonl
     (NaN is not JSON: strict readers refused the record)."""
     training_log = a_training_log(tmp_path, monkeypatch, peak=None)
-    training_log.open(0)
+    training_log.open(0, "r1")
     training_log.add_loss(torch.tensor(2.0))
     training_log.print_progress(1, 1e-3, 0.5)
     training_log.close()
@@ -1334,7 +1337,7 @@ def test_the_first_log_line_does_not_count_wandbs_start_as_training(tmp_path, mo
 
     monkeypatch.setattr(log, "MetricsLog", slow_to_start)
     training_log = a_training_log(tmp_path, monkeypatch, peak=1e12)
-    training_log.open(0)
+    training_log.open(0, "r1")
     for _ in range(2):
         training_log.add_loss(torch.tensor(2.0))
     training_log.print_progress(2, 1e-3, 0.01)
@@ -1347,10 +1350,10 @@ def test_a_resume_skips_a_damaged_metrics_record(tmp_path):
     """A record whose iteration is not a whole number (a hand edit, a damaged disk) is skipped as a
     half-written line is, not a TypeError traceback at the resume's start."""
     from log import MetricsLog
-    (tmp_path / "metrics.jsonl").write_text('{"iter": 4, "loss": 2.0}\n{"iter": "7", "loss": 1}\n'
-                                            '{"iter": true, "loss": 1}\n{"iter": 9, "loss": 1.5}\n')
-    MetricsLog(str(tmp_path), resumed_at=8).close()
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 4, "loss": 2.0}\n'
+    (tmp_path / "metrics.jsonl").write_text('{"iter": 4, "loss": 2.0, "run": "r1"}\n{"iter": "7", "run": "r1"}\n'
+                                            '{"iter": true, "run": "r1"}\n{"iter": 9, "loss": 1.5, "run": "r1"}\n')
+    MetricsLog(str(tmp_path), "r1", resumed_at=8).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 4, "loss": 2.0, "run": "r1"}\n'
 
 
 def test_a_failed_wandb_does_not_silence_a_later_metrics_failure(tmp_path, monkeypatch, capsys):
@@ -1358,7 +1361,7 @@ def test_a_failed_wandb_does_not_silence_a_later_metrics_failure(tmp_path, monke
     under metrics.jsonl (which had gone unsaid after wandb's warning)."""
     from log import MetricsLog
     monkeypatch.setitem(sys.modules, "wandb", None)
-    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log = MetricsLog(str(tmp_path), "r1", wandb=("gpt", "run", {}))
 
     class FullDisk:
         def write(self, text):
@@ -1411,7 +1414,7 @@ def test_wandb_key_is_looked_for_where_wandb_looks(tmp_path, monkeypatch):
 def test_wandb_with_a_bad_mode_warns_in_one_line(tmp_path, monkeypatch, capsys):
     from log import MetricsLog
     monkeypatch.setenv("WANDB_MODE", "bogus")  # wandb's own settings check: several lines of pydantic's
-    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log = MetricsLog(str(tmp_path), "r1", wandb=("gpt", "run", {}))
     log.close()
     out = capsys.readouterr().out
     assert out.startswith("warning: wandb cannot log this run: ") and out.count("\n") == 1, out
@@ -1423,7 +1426,7 @@ def test_wandb_offline_by_its_mode_does_not_say_the_key_is_missing(tmp_path, mon
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log = MetricsLog(str(tmp_path), "r1", wandb=("gpt", "run", {}))
     log.close()
     out = capsys.readouterr().out
     assert "wandb: WANDB_MODE=offline, logging offline" in out and "no API key" not in out, out
@@ -1432,12 +1435,13 @@ def test_wandb_offline_by_its_mode_does_not_say_the_key_is_missing(tmp_path, mon
 def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     from log import MetricsLog
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` meets where it is not installed
-    log = MetricsLog(str(tmp_path), wandb=("gpt", "run", {}))
+    log = MetricsLog(str(tmp_path), "r1", wandb=("gpt", "run", {}))
     log.write({"iter": 1, "loss": 2.0})
     log.close()
     out = capsys.readouterr().out
     assert out.count("warning: wandb cannot log this run") == 1 and "import of wandb halted" in out, out
-    assert (tmp_path / "metrics.jsonl").read_text() == '{"iter": 1, "loss": 2.0}\n', "the metrics were still written"
+    written = (tmp_path / "metrics.jsonl").read_text()
+    assert written == '{"iter": 1, "loss": 2.0, "run": "r1"}\n', "the metrics were still written"
 
 
 # ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import RESUME_FIELDS, RNG_KEYS, model_from_checkpoint
+from checkpoint import OPTIONAL_RESUME_FIELDS, RESUME_FIELDS, RNG_KEYS, model_from_checkpoint
 from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
@@ -127,7 +127,7 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     check_ok(launch("train.py", *common, f"--out_dir={b}", "--max_iters=4"))
     half = load(b / "ckpt.pt")
     assert half["iter_num"] == 4
-    assert set(half) == set(RESUME_FIELDS), "what train.py saves and what resume checks for are one list"
+    assert set(half) == {*RESUME_FIELDS, *OPTIONAL_RESUME_FIELDS}, "what train.py saves and resume checks are one list"
     assert set(half["rng"]) == set(RNG_KEYS), "and so are the generators it saves and checks for"
     assert half["tokenizer"]["tokenizer"] == "char" and half["tokenizer"]["chars"] == "".join(sorted(set(TEXT)))
     assert half["model_config"]["n_embd"] == 16 and half["config"]["max_iters"] == 4
@@ -434,9 +434,33 @@ def test_a_new_run_starts_its_metrics_afresh_and_a_resumed_one_keeps_its_own(tmp
     check_ok(launch("train.py", *args, "--max_iters=4", "--init_from=resume"))
     assert [r["iter"] for r in metrics(out) if "loss" in r] == [1, 2, 3, 4]
     assert all(r.get("loss") != 1.0 for r in metrics(out)), "the record past the checkpoint was kept"
+    first_run = load(out / "ckpt.pt")["run_id"]
+    assert {r["run"] for r in metrics(out)} == {first_run}, "a resumed run is the same run"
     check_ok(launch("train.py", *args, "--max_iters=1", "--overwrite=true"))
     assert [r["iter"] for r in metrics(out)] == [1, 1], "a new run's metrics mixed with the old run's"
     assert load(out / "ckpt.pt")["iter_num"] == 1
+    assert {r["run"] for r in metrics(out)} == {load(out / "ckpt.pt")["run_id"]} != {first_run}
+
+
+def test_an_overwriting_run_that_saved_nothing_does_not_take_the_earlier_runs_checkpoint_for_its_own(
+        tmp_path, data_dir, launch):
+    """--overwrite=true leaves the earlier run's ckpt.pt until the new run's first save. A new run that fails
+    before it does not offer that file as its own "last good checkpoint", and a resume, which continues the
+    earlier run, keeps none of the failed run's records as that run's past."""
+    out = tmp_path / "out"
+    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1"]
+    check_ok(launch("train.py", *args, "--max_iters=2", "--eval_interval=2"))
+    earlier = load(out / "ckpt.pt")["run_id"]
+    blown = launch("train.py", *args, "--overwrite=true", "--learning_rate=1e9", "--warmup_iters=0",
+                   "--max_iters=50", "--eval_interval=1000")
+    assert blown.returncode == 1 and re.search(r"error: the loss became (nan|inf) at iteration (\d+); lower "
+                                               r"--learning_rate and --muon_lr\n$", blown.stderr), blown.stderr
+    blown_at = int(re.search(r"iteration (\d+)", blown.stderr).group(1))
+    assert blown_at >= 2, "the failed run logged no record that a resume at iteration 2 could take for its own"
+    assert load(out / "ckpt.pt")["run_id"] == earlier
+    check_ok(launch("train.py", *args, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
+    assert [r["iter"] for r in metrics(out) if "loss" in r] == [3, 4]
+    assert {r["run"] for r in metrics(out)} == {earlier}
 
 
 def tiny_config(data_dir, out_dir, **overrides):
@@ -747,6 +771,37 @@ def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tm
                        "--batch_size and double --gradient_accumulation_steps (now 1) to keep the batch, or lower "
                        f"--block_size; the last checkpoint, {tmp_path / 'ckpt.pt'}, is kept\n")
     assert load(tmp_path / "ckpt.pt")["iter_num"] == 2
+
+
+def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_path, data_dir, monkeypatch, capsys):
+    """--overwrite=true leaves the earlier run's ckpt.pt until the new run's first save: out of memory before
+    that, the new run saved nothing; a first save that fails leaves the earlier run's checkpoint, said so."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, eval_interval=2))
+    earlier = load(tmp_path / "ckpt.pt")["run_id"]
+    capsys.readouterr()
+    forward = GPT.forward
+
+    def forward_that_runs_out(self, *args, **kwargs):
+        if self.training:
+            raise RuntimeError(CPU_OOM)
+        return forward(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(GPT, "forward", forward_that_runs_out)
+        status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True), capsys)
+    assert status == 1 and out.err.endswith("--block_size; nothing was saved\n"), out.err
+
+    def disk_full(checkpoint, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train, "save_checkpoint", disk_full)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=2,
+                                                eval_interval=2), capsys)
+    assert status == 1 and out.err == (f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 2: No space left "
+                                       f"on device; {tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; "
+                                       "free some space, or pick another --out_dir, and run again\n"), out.err
+    assert load(tmp_path / "ckpt.pt")["run_id"] == earlier
 
 
 @pytest.mark.parametrize("error, said", [(torch.OutOfMemoryError(CUDA_OOM), "CUDA out of memory"),
