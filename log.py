@@ -96,18 +96,29 @@ class TrainingLog:
         self.losses.clear()
         self.last_time, self.last_iter = now, iter_num
 
-    def evaluation(self, iter_num, losses, seconds=None):
+    def evaluation(self, iter_num, losses, seconds=None, saved=False):
+        """An evaluation's losses, on the terminal and in the records (saved: this run's checkpoint has
+        just been written, so that the records of runs before it go), and the picture redrawn."""
         if not self.master:
             return
         if self.busy:
             self.busy.restart()
         print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if self.metrics:  # not with eval_only, which writes nothing
+            if saved:
+                self.metrics.forget_other_runs()
             self.metrics.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                 "seconds": round(seconds, 3)})
             self.metrics.draw()
         # the next log line's speed counts from here: an evaluation, and drawing its picture, are not training
         self.last_time, self.last_iter = time.time(), iter_num
+
+    def saved(self):
+        """A stop's checkpoint has been written: the records of runs before this one go, and the picture
+        is redrawn (of this run: it may not have reached an evaluation)."""
+        if self.metrics:
+            self.metrics.forget_other_runs()
+            self.metrics.draw()
 
     def close(self):
         if self.metrics:
@@ -117,22 +128,19 @@ class TrainingLog:
 class MetricsLog:
     """out_dir/metrics.jsonl: one JSON record per log line and per evaluation, sent to Weights &
     Biases too when wandb=(project, run name, config) is given; draw() redraws out_dir/loss.png.
-    Each record names its run (run_id). A new run starts the file afresh; a resumed one keeps its own
-    records up to its checkpoint's iteration (resumed_at), and not those of a run that started in
-    out_dir since and saved no checkpoint (--overwrite=true). These are side outputs: a failure to
-    write them warns once per place, and training goes on."""
+    Each record names its run (run_id). A resumed run keeps its own records up to its checkpoint's
+    iteration (resumed_at), and not those of a run that started in out_dir since and saved no
+    checkpoint. A new run keeps the records of the run before it (whose checkpoint --overwrite=true
+    leaves until the new run's first save) until forget_other_runs(). These are side outputs: a
+    failure to write them warns once per place, and training goes on."""
 
     def __init__(self, out_dir, run_id, resumed_at=None, wandb=None):
         self.path, self.png = os.path.join(out_dir, "metrics.jsonl"), os.path.join(out_dir, "loss.png")
         self.file, self.wandb, self.warned, self.run_id = None, None, set(), run_id
-        kept = []
-        if resumed_at is not None:  # a record without "run" is from before runs had one, as is its checkpoint
-            kept = [r for r in read_metrics(self.path, until=resumed_at) if r.get("run") == run_id]
-        try:
-            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in kept).encode()))
-            self.file = open(self.path, "a")
-        except OSError as e:
-            self.warn(e)
+        # a record without "run" is from before runs had one, as is its checkpoint (run_id None)
+        kept = [r for r in read_metrics(self.path, until=resumed_at) if resumed_at is None or r.get("run") == run_id]
+        self.others_kept = any(r.get("run") != run_id for r in kept)
+        self.rewrite(kept)
         if wandb is not None:
             self.wandb = start_wandb(*wandb, warn=lambda e: self.warn(e, "wandb"))
 
@@ -162,9 +170,26 @@ class MetricsLog:
         except Exception as e:  # wandb's own troubles, of many kinds
             self.warn(e, "wandb")
 
+    def rewrite(self, records):
+        """Start the file again with these records (whole lines: a torn last one is gone), then append."""
+        try:
+            if self.file:
+                self.file.close()
+            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in records).encode()))
+            self.file = open(self.path, "a")
+        except OSError as e:
+            self.file = None
+            self.warn(e)
+
+    def forget_other_runs(self):
+        """This run's checkpoint is out_dir's now: the records of the run before it go."""
+        if self.others_kept:
+            self.rewrite([r for r in read_metrics(self.path) if r.get("run") == self.run_id])
+            self.others_kept = False
+
     def draw(self):
         try:
-            plot_losses(self.path, self.png)
+            plot_losses(self.path, self.png, self.run_id)
         except Exception as e:  # noqa: BLE001 - matplotlib's and the disk's: a picture never stops training
             self.warn(e)
 
@@ -223,15 +248,16 @@ def read_metrics(path, until=None):
     return records
 
 
-def plot_losses(metrics_path, png_path):
-    """Train and val loss against iterations and against training time, from metrics.jsonl."""
+def plot_losses(metrics_path, png_path, run_id):
+    """Train and val loss against iterations and against training time, from run run_id's records in
+    metrics.jsonl (a record that lacks a number the picture needs, edited by hand, say, is left out)."""
     import matplotlib
     matplotlib.use("Agg")  # files only; works on machines without a screen
     import matplotlib.pyplot as plt
 
-    records = read_metrics(metrics_path)
-    steps = [r for r in records if "loss" in r]
-    evals = [r for r in records if "val_loss" in r]
+    records = [r for r in read_metrics(metrics_path) if r.get("run") == run_id]
+    steps = [r for r in records if has_numbers(r, "loss", "seconds")]
+    evals = [r for r in records if has_numbers(r, "train_loss", "val_loss", "seconds")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x in zip(axes, ("iter", "seconds")):
         ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
@@ -246,3 +272,7 @@ def plot_losses(metrics_path, png_path):
         atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
     finally:
         plt.close(fig)
+
+
+def has_numbers(record, *keys):
+    return all(isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool) for k in keys)

@@ -620,7 +620,8 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
             break
         if signum:
             if not due:
-                save(state, cfg, data.meta, setup, stopped, final=True)
+                save(state, cfg, data.meta, setup, stopped, final=True)  # written, or every rank has failed
+                logger.saved()
             if setup.master:
                 again = [arg for arg in sys.argv[1:] if arg != "--init_from=resume"]  # a resumed run's says it once
                 print(f"resume with: {relaunch_command([*again, '--init_from=resume'])}")
@@ -654,8 +655,8 @@ def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, 
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])
-        save(state, cfg, data.meta, setup, reason, final=final)
-        logger.evaluation(state.iter_num, losses, elapsed)
+        saved = save(state, cfg, data.meta, setup, reason, final=final)
+        logger.evaluation(state.iter_num, losses, elapsed, saved)
 
 
 def train_step(state, wrapped_model, cfg, setup, multiplier):
@@ -721,32 +722,40 @@ class StopRequest:
 
 
 def save(state, cfg, meta, setup, reason, final=False):
-    """Every rank takes part (FSDP gathers the shards); rank 0 writes. A failed write (a full disk,
-    say) leaves the previous checkpoint as it was; training goes on unless it was the last."""
+    """Every rank takes part (FSDP gathers the shards); rank 0 writes, and every rank learns whether it
+    could (the return value). A failed write (a full disk, say) leaves the previous checkpoint as it was;
+    training goes on unless it was the last."""
     model_state = get_model_state_dict(state.model, options=setup.state_options)
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
     torch_states = gather(torch_rng_state())  # each rank's dropout generators
-    if not setup.master:
-        state.saved = True  # rank 0 writes it (a failed write it reports itself)
-        return
-    path = ckpt_path(cfg.out_dir)
-    checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
-                  "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": meta,
-                  "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
-                  "trained_seconds": state.clock.seconds(), "rng": rng_state(state.batches.generator, torch_states),
-                  "run_id": state.run_id}
+    path, problem = ckpt_path(cfg.out_dir), None
+    if setup.master:
+        checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
+                      "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": meta,
+                      "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
+                      "trained_seconds": state.clock.seconds(),
+                      "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}
+        problem = write_checkpoint(checkpoint, path, cfg, state)
+    if final:  # no evaluation is left to try again at
+        fail_together(problem and f"{problem}; free some space, or pick another --out_dir, and run again", status=1)
+    elif problem:
+        print(f"warning: {problem}; training goes on and tries again at the next evaluation")
+    written = gather(problem is None)[0]  # rank 0's: every rank then says the same of out_dir's checkpoint
+    state.saved = state.saved or written
+    if written and setup.master:
+        print(f"saved {path} ({reason})")
+    return written
+
+
+def write_checkpoint(checkpoint, path, cfg, state):
+    """Write it (checkpoint.save_checkpoint); None, or what went wrong, in words."""
     try:
         save_checkpoint(checkpoint, path)
+        return None
     except OSError as e:
         whose = "the previous" if has_checkpoint(cfg, state) else "an earlier run's"  # --overwrite=true's
         kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
-        message = f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}"
-        if final:
-            fail(message + "; free some space, or pick another --out_dir, and run again", status=1)
-        print(f"warning: {message}; training goes on and tries again at the next evaluation")
-        return
-    state.saved = True
-    print(f"saved {path} ({reason})")
+        return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}"
 
 
 def has_checkpoint(cfg, state):

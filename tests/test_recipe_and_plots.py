@@ -161,16 +161,22 @@ def drawn_figures(monkeypatch):
         close(fig)
 
 
-def test_plot_losses_draws_both_axes(tmp_path, drawn_figures):
+def test_plot_losses_draws_both_axes_of_its_own_runs_records(tmp_path, drawn_figures):
+    """Every record of run r1 with the numbers a curve needs; not another run's (an earlier run's, kept
+    until r1's first save), nor one edited by hand that lacks them."""
     path = tmp_path / "metrics.jsonl"
     steps, evals = range(1, 101), range(25, 101, 25)
     with open(path, "w") as f:
+        f.write(json.dumps({"iter": 1, "loss": 9.0, "seconds": 0.1, "run": "r0"}) + "\n")
+        f.write(json.dumps({"iter": 1, "train_loss": 9.0, "val_loss": 9.0, "seconds": 0.1, "run": "r0"}) + "\n")
         for i in steps:
-            f.write(json.dumps({"iter": i, "loss": 4 * math.exp(-i / 30) + 1, "seconds": i / 10}) + "\n")
+            f.write(json.dumps({"iter": i, "loss": 4 * math.exp(-i / 30) + 1, "seconds": i / 10, "run": "r1"}) + "\n")
             if i in evals:
                 f.write(json.dumps({"iter": i, "train_loss": 4 * math.exp(-i / 30) + 1.1,
-                                    "val_loss": 4 * math.exp(-i / 30) + 1.2, "seconds": i / 10}) + "\n")
-    plot_losses(str(path), str(tmp_path / "loss.png"))
+                                    "val_loss": 4 * math.exp(-i / 30) + 1.2, "seconds": i / 10, "run": "r1"}) + "\n")
+        f.write(json.dumps({"iter": 101, "loss": 1.0, "run": "r1"}) + "\n")  # no seconds
+        f.write(json.dumps({"iter": 101, "train_loss": 1.0, "val_loss": "1.2", "seconds": 10.1, "run": "r1"}) + "\n")
+    plot_losses(str(path), str(tmp_path / "loss.png"), "r1")
     assert_picture(tmp_path / "loss.png", (1000, 350))
     by_iter, by_seconds = drawn_figures[0].axes
     for ax, x in ((by_iter, lambda i: i), (by_seconds, lambda i: i / 10)):  # each curve, point for point

@@ -340,7 +340,7 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     assert str(ckpt_path) in text, "it should say where the checkpoint is"
     assert "--init_from=resume" in text, "it should say how to resume"
     assert re.search(r"^resume with: python train\.py .*--init_from=resume$", stdout, re.M), stdout[-2000:]
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "metrics.jsonl"]
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "loss.png", "metrics.jsonl"]
     stopped_at = load_checkpoint(str(ckpt_path))["iter_num"]
     assert stopped_at > 0
     assert stopped_at >= max(int(n) for n in LOG_LINE.findall(stdout))  # nothing logged was lost
@@ -460,7 +460,7 @@ def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_
     assert re.search(r"^saved \S+ \(stopped by SIGTERM after iteration \d+\)$", stdout, re.M), stdout[-2000:]
     assert re.search(r"^resume with: torchrun --standalone --nproc_per_node=2 .*train\.py .*--init_from=resume$",
                      stdout, re.M), stdout[-2000:]
-    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "metrics.jsonl"], "the lock is released"
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt", "loss.png", "metrics.jsonl"], "the lock is released"
     assert all("Traceback" not in text for text in rank_logs(logs, "stderr"))
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -444,9 +445,9 @@ def test_a_new_run_starts_its_metrics_afresh_and_a_resumed_one_keeps_its_own(tmp
 
 def test_an_overwriting_run_that_saved_nothing_does_not_take_the_earlier_runs_checkpoint_for_its_own(
         tmp_path, data_dir, launch):
-    """--overwrite=true leaves the earlier run's ckpt.pt until the new run's first save. A new run that fails
-    before it does not offer that file as its own "last good checkpoint", and a resume, which continues the
-    earlier run, keeps none of the failed run's records as that run's past."""
+    """--overwrite=true leaves the earlier run's ckpt.pt, and its records, until the new run's first save. A
+    new run that fails before it does not offer that file as its own "last good checkpoint", and a resume,
+    which continues the earlier run, keeps that run's records and none of the failed run's."""
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1"]
     check_ok(launch("train.py", *args, "--max_iters=2", "--eval_interval=2"))
@@ -458,9 +459,53 @@ def test_an_overwriting_run_that_saved_nothing_does_not_take_the_earlier_runs_ch
     blown_at = int(re.search(r"iteration (\d+)", blown.stderr).group(1))
     assert blown_at >= 2, "the failed run logged no record that a resume at iteration 2 could take for its own"
     assert load(out / "ckpt.pt")["run_id"] == earlier
+    assert [r["iter"] for r in metrics(out) if "loss" in r and r["run"] == earlier] == [1, 2]
     check_ok(launch("train.py", *args, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
-    assert [r["iter"] for r in metrics(out) if "loss" in r] == [3, 4]
+    assert [r["iter"] for r in metrics(out) if "loss" in r] == [1, 2, 3, 4]
     assert {r["run"] for r in metrics(out)} == {earlier}
+
+
+def test_another_rank_takes_out_dirs_checkpoint_for_its_runs_only_where_rank_0_wrote_it(tmp_path, data_dir,
+                                                                                         monkeypatch):
+    """Rank 0 alone writes ckpt.pt. Rank 1 (of two: here rank 0's side of each gather is stood in) calls
+    it this run's only once rank 0 has written it, so that its out-of-memory line does not offer an
+    earlier run's checkpoint (--overwrite=true) as its own while rank 0's says nothing was saved."""
+    import train
+    cfg = tiny_config(data_dir, tmp_path, compile=False, overwrite=True)
+    (tmp_path / "ckpt.pt").write_bytes(b"an earlier run's checkpoint")
+    setup = train.Setup(rank=1, local_rank=1, world_size=2, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    data = train.load_data(cfg, setup)
+    state = train.new_train_state(cfg, setup, GPT(train.model_config(cfg, data.meta["vocab_size"])), data.train)
+    for rank_0_wrote in (False, True):
+        monkeypatch.setattr(train, "gather", lambda mine: [rank_0_wrote, mine])
+        assert train.save(state, cfg, data.meta, setup, "evaluation") == rank_0_wrote
+        assert train.has_checkpoint(cfg, state) == rank_0_wrote
+
+
+def test_a_stop_before_the_first_evaluation_leaves_out_dir_to_the_new_run(tmp_path, data_dir, monkeypatch):
+    """--overwrite=true, then Ctrl-C before the first evaluation: the stop's save makes out_dir's checkpoint
+    the new run's, and its records and loss.png follow (the earlier run's picture had stayed)."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, eval_interval=2, log_interval=1))
+    earlier_picture = (tmp_path / "loss.png").read_bytes()
+    step, steps = train.train_step, []
+
+    def interrupted_in_the_third(*args):
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # StopRequest's handler: the step finishes, then the stop
+        return step(*args)
+
+    monkeypatch.setattr(train, "train_step", interrupted_in_the_third)
+    with pytest.raises(SystemExit) as exit:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=100, eval_interval=100,
+                               log_interval=1))
+    assert exit.value.code == 128 + signal.SIGINT
+    new = load(tmp_path / "ckpt.pt")
+    assert new["iter_num"] == 3
+    assert [(r["iter"], r["run"]) for r in metrics(tmp_path)] == [(i, new["run_id"]) for i in (1, 2, 3)]
+    assert (tmp_path / "loss.png").read_bytes() != earlier_picture
 
 
 def tiny_config(data_dir, out_dir, **overrides):
