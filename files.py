@@ -3,11 +3,12 @@ Writing a file so that a crash at any moment leaves the old file or the new one,
 checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
 out, before the work, whether a file can be written at all; reading a text file a user named, with
 errors that say which flag named it and what to give instead; reading back what torch.save wrote;
-and standard output whose reader may leave (`python train.py | head -3`).
+and standard output whose reader may leave (`python train.py | head -3`) or whose disk fills up.
 """
 import contextlib
 import glob
 import os
+import sys
 import tempfile
 import zipfile
 
@@ -134,9 +135,17 @@ def load_torch_file(path, map_location="cpu"):
     return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def check_stdout():
+    """ValueError where this process has no stdout at all (started with 1>&-): what it prints would
+    otherwise end it in a traceback."""
+    if sys.stdout is None:
+        raise ValueError("stdout is closed (1>&-); send it to a file, or to /dev/null")
+
+
 class OutputThatMayClose:
-    """A text stream (stdout) whose reader may leave, as `python train.py | head -3` does: once the
-    pipe is closed, what follows is dropped and on_close() is called once."""
+    """A text stream (stdout) that may stop taking text: its reader leaves, as `python train.py |
+    head -3` does (a BrokenPipeError), or the file it goes to cannot grow (a full disk). What follows
+    is then dropped, and on_close(error) is called once."""
 
     def __init__(self, stream, on_close):
         self.stream, self.on_close, self.gone = stream, on_close, False
@@ -145,23 +154,23 @@ class OutputThatMayClose:
         if not self.gone:
             try:
                 return self.stream.write(text)
-            except BrokenPipeError:
-                self.reader_left()
+            except OSError as e:
+                self.closed(e)
         return len(text)
 
     def flush(self):
         if not self.gone:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
-                self.reader_left()
+            except OSError as e:
+                self.closed(e)
 
-    def reader_left(self):
+    def closed(self, error):
         self.gone = True
         devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
         os.dup2(devnull, self.stream.fileno())
         os.close(devnull)
-        self.on_close()
+        self.on_close(error)
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own
         return getattr(self.stream, name)

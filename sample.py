@@ -22,7 +22,7 @@ from checkpoint import (check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, f
                         model_from_checkpoint)
 from configurator import config_from_argv, fail
 from data.tokenizer import GPT2Tokenizer
-from files import OutputThatMayClose, check_writable, read_text_file
+from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu
 from model import GPT, check_init_from, check_sampling
 
@@ -86,6 +86,7 @@ class SampleConfig:
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
     try:
+        check_stdout()
         device = pick_device(cfg.device)
         set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
@@ -134,7 +135,7 @@ def stoppable_output():
     """Ways to stop sampling early, as a Unix tool stops: a reader of stdout that leaves (python
     sample.py | head) ends the run quietly with 128 + SIGPIPE, not a BrokenPipeError; Ctrl-C ends it
     with one line and 128 + SIGINT, not a traceback."""
-    stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, lambda: sys.exit(128 + signal.SIGPIPE))
+    stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, output_closed)
     try:
         yield
     except KeyboardInterrupt:
@@ -142,6 +143,14 @@ def stoppable_output():
         fail("stopped by Ctrl-C", status=128 + signal.SIGINT)
     finally:
         sys.stdout = stdout
+
+
+def output_closed(error):
+    """stdout takes no more text: its reader left (python sample.py | head), which ends the run quietly
+    as a Unix tool ends, or its disk is full, which is said."""
+    if isinstance(error, BrokenPipeError):
+        sys.exit(128 + signal.SIGPIPE)
+    fail(f"could not write the samples to stdout: {error.strerror or error}", status=1)
 
 
 def read_prompt(start):

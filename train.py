@@ -40,7 +40,7 @@ from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fa
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
                       pick_dtype, ran_out_of_memory, set_up_cpu)
-from files import OutputThatMayClose
+from files import OutputThatMayClose, check_stdout
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, configure_optimizers, lr_multiplier, set_lr
@@ -174,10 +174,11 @@ def fits_every_width(cfg, n_head):
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped)."""
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
-    stop.watch_output()
     try:
         error, note, model, state = None, "", None, None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
+            check_stdout()
+            stop.watch_output()
             setup = set_up(cfg)
             data = load_data(cfg, setup)
             checkpoint = load_resume_point(cfg)
@@ -702,7 +703,7 @@ class StopRequest:
         self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def watch_output(self):
-        self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, lambda: self.request(signal.SIGPIPE, None))
+        self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, self.output_closed)
         # a line at a time into a pipe too (| tee, | head), not a block buffer that holds minutes of the log
         self.line_buffering = getattr(self.stdout, "line_buffering", None)
         if self.line_buffering is False:
@@ -710,6 +711,14 @@ class StopRequest:
 
     def request(self, signum, frame):
         self.signum = signum
+
+    def output_closed(self, error):
+        """stdout takes no more text: its reader left (a stop, quietly, as a Unix tool stops), or its disk
+        is full (a stop, said on stderr)."""
+        if not isinstance(error, BrokenPipeError):
+            sys.stderr.write(f"warning: the log cannot be written to stdout ({error.strerror or error}); the run "
+                             "stops as on a signal, after a save\n")
+        self.request(signal.SIGPIPE, None)
 
     def release(self):
         """Put back the handlers, and stdout, that were there before."""

@@ -754,6 +754,38 @@ def test_a_reader_of_sample_py_that_leaves_stops_it_quietly(trained):
     assert proc.returncode == 128 + signal.SIGPIPE and stderr == "", stderr
 
 
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_a_closed_stdout_is_one_line_before_anything_is_written(tmp_path, data_dir, trained, script):
+    """python train.py 1>&- (or sample.py): the first print was a traceback, after the run had set up
+    (sample.py's attention picture already written)."""
+    out = tmp_path / "out" if script == "train.py" else trained
+    args = [*TINY, f"--data_dir={data_dir}"] if script == "train.py" else ["--device=cpu"]
+    proc = subprocess.run([sys.executable, script, *args, f"--out_dir={out}"], cwd=ROOT, env=ENV,
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and proc.stderr == "error: stdout is closed (1>&-); send it to a file, or to " \
+                                                   "/dev/null\n", proc.stderr
+    assert script == "sample.py" or not out.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full: a file that is always full")
+def test_a_full_stdout_is_one_line_and_training_stops_after_a_save(tmp_path, data_dir, trained):
+    """python train.py > file on a full disk: the log could not be written, an OSError's traceback lost the
+    run's work since the last evaluation; now it stops as on a signal, saving first. sample.py says so."""
+    with open("/dev/full", "w") as full:
+        out = tmp_path / "out"
+        train = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}",
+                                "--max_iters=100000", "--eval_interval=100000"], cwd=ROOT, env=ENV, stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=120)
+        sample = subprocess.run([sys.executable, "sample.py", f"--out_dir={trained}", "--device=cpu"], cwd=ROOT,
+                                env=ENV, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert train.returncode == 128 + signal.SIGPIPE and train.stderr == (
+        "warning: the log cannot be written to stdout (No space left on device); the run stops as on a signal, "
+        "after a save\n"), train.stderr
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
+    assert sample.returncode == 1 and sample.stderr == ("error: could not write the samples to stdout: No space "
+                                                        "left on device\n"), sample.stderr
+
+
 def test_ctrl_c_while_sample_py_loads_its_model_is_one_line(trained, monkeypatch, capsys):
     """Ctrl-C while the weights or the tokenizer load (seconds for GPT-2's): one line, exit 128 + SIGINT."""
     import sample
