@@ -99,9 +99,76 @@ def check_threads(n, setting="threads"):
 
 
 def usable_cpus():
-    """The CPUs this process may run on (its affinity: a container or taskset may allow fewer than the
-    machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may use: those it may run on (its affinity: taskset, or a container's
+    cpuset), and no more than the CPU time its cgroups allow (a container's --cpus; rounded down:
+    a thread beyond it spends the quota that the others' OpenMP barriers wait for)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpus()
+    return max(1, min(cpus, int(quota))) if quota is not None else cpus
+
+
+CGROUP_ROOT, PROC_CGROUP = "/sys/fs/cgroup", "/proc/self/cgroup"  # where Linux shows a process its cgroups
+
+
+def cgroup_dirs(controller):
+    """(cgroup version, directory) of this process's cgroup for controller ("cpu", "memory") and of each
+    cgroup above it, its own first; [] where there are none (not Linux). In a container that shows the
+    host's path of its cgroup, the directories that do not exist inside it are skipped."""
+    try:
+        with open(PROC_CGROUP) as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        if len(entry) != 3 or (entry[1] and controller not in entry[1].split(",")):
+            continue
+        version = 2 if not entry[1] else 1
+        unified = os.path.join(CGROUP_ROOT, "unified")  # v2 beside v1 (a hybrid), or alone at the root
+        base = (os.path.join(CGROUP_ROOT, controller) if version == 1 else
+                unified if os.path.isdir(unified) else CGROUP_ROOT)
+        parts = [part for part in entry[2].split("/") if part]
+        found += [(version, d) for d in (os.path.join(base, *parts[:n]) for n in range(len(parts), -1, -1))
+                  if os.path.isdir(d)]
+    return found
+
+
+def cgroup_values(controller, v1_names, v2_name):
+    """The text of a cgroup setting (v1_names under cgroup v1, v2_name under v2) in each cgroup that holds
+    this process (cgroup_dirs): lists of the v1 files' texts, or the v2 file's text split in words."""
+    values = []
+    for version, directory in cgroup_dirs(controller):
+        try:
+            if version == 1:
+                values.append([read_file(os.path.join(directory, name)) for name in v1_names])
+            else:
+                values.append(read_file(os.path.join(directory, v2_name)).split())
+        except OSError:  # a cgroup without that setting (the root's, say)
+            continue
+    return values
+
+
+def read_file(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def cgroup_cpus():
+    """The CPUs' worth of time the cgroups holding this process allow it (docker --cpus, a Kubernetes CPU
+    limit), the strictest of them; None where none is set."""
+    allowed = []
+    for quota, period in cgroup_values("cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"), "cpu.max"):
+        if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:  # v1's -1 and v2's max: none
+            allowed.append(int(quota) / int(period))
+    return min(allowed, default=None)
+
+
+def cgroup_memory_bytes():
+    """The memory the cgroups holding this process allow it (docker --memory), the strictest; None where
+    none is set (v1 writes "no limit" as a number near 2**63)."""
+    limits = [int(value) for value, *_ in cgroup_values("memory", ("memory.limit_in_bytes",), "memory.max")
+              if value.isdigit() and int(value) < 2**62]
+    return min(limits, default=None)
 
 
 def pick_threads(n, processes_here=1):
@@ -209,12 +276,14 @@ def last_level_cache_bytes():
 
 
 def memory_bytes(device):
-    """How much memory the device has: a GPU's own, or this machine's for a CPU; None where it cannot be told."""
+    """How much memory the device has: a GPU's own, or for a CPU this machine's, or less where the process's
+    cgroups allow less (a container's limit); None where it cannot be told."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(device)[1]
+    physical = None
     if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min((m for m in (physical, cgroup_memory_bytes()) if m is not None), default=None)
 
 
 # ---- MFU: model FLOPs utilisation, the share of the hardware's peak matmul throughput a training

@@ -404,7 +404,7 @@ def check_model_fits(config):
         larger = "--n_layer, --n_embd" if blocks >= outside else "--vocab_size, --n_embd"
         raise ValueError(f"n_layer={config.n_layer}, n_embd={config.n_embd} and vocab_size={config.vocab_size} make a "
                          f"model of {n_params:,} parameters, {4 * n_params / 2**30:,.0f} GiB of fp32 weights alone, "
-                         f"and this machine has {memory / 2**30:,.0f} GiB: make it smaller ({larger})")
+                         f"and this process may use {memory / 2**30:,.1f} GiB: make it smaller ({larger})")
 
 
 def new_train_state(cfg, setup, model, train_tokens):

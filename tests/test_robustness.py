@@ -1478,8 +1478,61 @@ def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeyp
 
 # ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------
 
+def with_cgroups(where, monkeypatch, proc_self_cgroup, files):
+    """hardware reading a cgroup file system made under where: /proc/self/cgroup's text, and files by path."""
+    import hardware
+    (where / "sys").mkdir(parents=True)
+    (where / "cgroup").write_text(proc_self_cgroup)
+    for name, text in files.items():
+        (where / "sys" / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / "sys" / name).write_text(text + "\n")
+    monkeypatch.setattr(hardware, "CGROUP_ROOT", str(where / "sys"))
+    monkeypatch.setattr(hardware, "PROC_CGROUP", str(where / "cgroup"))
+
+
+@pytest.mark.parametrize("proc_self_cgroup, files, cpus", [
+    # cgroup v2 alone: the process's own cgroup allows 3.5 CPUs, the one above it 1.5: the strictest, rounded down
+    ("0::/user/job\n", {"cgroup.controllers": "cpu", "user/job/cpu.max": "350000 100000",
+                        "user/cpu.max": "150000 100000"}, 1),
+    ("0::/user/job\n", {"cgroup.controllers": "cpu", "user/job/cpu.max": "max 100000"}, 4),  # no limit
+    # cgroup v1 beside a v2 hierarchy, in a container that shows its cgroup's path on the host (which is not
+    # there inside it): the quota is at the root of what it sees (docker --cpus=2)
+    ("4:cpu,cpuacct:/docker/0123abcd\n0::/\n", {"cpu/cpu.cfs_quota_us": "200000", "cpu/cpu.cfs_period_us": "100000",
+                                                "unified/cgroup.controllers": ""}, 2),
+    ("4:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, 4),  # no limit
+    ("", {}, 4)], ids=["v2", "v2-max", "v1-docker", "v1-none", "no-cgroups"])
+def test_a_containers_cpu_quota_caps_the_threads(tmp_path, monkeypatch, proc_self_cgroup, files, cpus):
+    """docker --cpus=1 on a 2-CPU machine: the default took 2 threads, and a run made 104 iterations where
+    one thread made 4,563 (its OpenMP threads waited out each other's quota), blaming "another process"."""
+    from hardware import pick_threads, usable_cpus
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    with_cgroups(tmp_path, monkeypatch, proc_self_cgroup, files)
+    assert usable_cpus() == cpus and pick_threads(0) == cpus
+
+
+def test_a_containers_memory_limit_is_the_memory_a_model_must_fit_in(tmp_path, monkeypatch):
+    """docker --memory=768m: the model-size check counted the machine's memory, and a model of 2 GiB was
+    killed by the kernel without a word; it is one line before it is built."""
+    import train
+    from hardware import memory_bytes
+    with_cgroups(tmp_path / "none", monkeypatch, "5:memory:/\n", {"memory/memory.limit_in_bytes": str(2**63 - 4096)})
+    physical = memory_bytes("cpu")
+    assert physical == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with_cgroups(tmp_path / "v1", monkeypatch, "5:memory:/\n", {"memory/memory.limit_in_bytes": str(768 << 20)})
+    assert memory_bytes("cpu") == min(physical, 768 << 20)
+    with pytest.raises(ValueError, match=r"504,419,328 parameters, 2 GiB of fp32 weights alone, and this process may use "
+                                         r"0\.8 GiB: make it smaller"):
+        train.check_model_fits(GPTConfig(vocab_size=64, block_size=8, n_layer=160, n_head=8, n_embd=512))
+    with_cgroups(tmp_path / "v2", monkeypatch, "0::/job\n", {"cgroup.controllers": "memory", "job/memory.max": "max",
+                                                             "memory.max": str(1 << 30)})
+    assert memory_bytes("cpu") == min(physical, 1 << 30)
+
+
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
+    import hardware
     from hardware import pick_threads
+    monkeypatch.setattr(hardware, "cgroup_cpus", lambda: None)  # whatever the machine running the tests has
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)  # 3 of the machine's CPUs
     assert pick_threads(0) == 3

@@ -887,7 +887,7 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path,
     refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
     assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 3,\d{3},\d{3},\d{3},"
-                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this machine has [\d,]+ GiB: make it "
+                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this process may use [\d,.]+ GiB: make it "
                         r"smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
     assert not out.exists()
     huge_vocabulary = launch("train.py", *TINY, "--vocab_size=10000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
