@@ -58,7 +58,9 @@ def pick_dtype(name, device_type, training=True, n_params=0):
     faster with fp32's kernels (bench/sample.py measures both). fp32 on other CPUs."""
     if name == "auto":
         if device_type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # bf16 only where the GPU computes in it (Ampere and later): torch otherwise counts emulated bf16
+            # (V100, T4), far slower than their fp16 tensor cores
+            return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
         if device_type != "cpu" or not cpu_has_bf16():
             return torch.float32
         return torch.bfloat16 if training or 4 * n_params > last_level_cache_bytes() else torch.float32
@@ -321,6 +323,7 @@ def gpu_datasheet_peaks(name):
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
 BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
 CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
+CPU_PEAK_RANGE = (1e8, 1e16)  # FLOP/s: a cached peak outside it is not one a CPU has (a hand edit, a damaged file)
 
 
 def waiting_seconds():
@@ -383,8 +386,9 @@ def measure_cpu_peak(dtype, size=1024, seconds=1.0):
 
 
 def cpu_peak_key(dtype):
-    """Whose peak a cached probe is: this kind of CPU, its CPUs and torch's threads, the dtype."""
-    return f"{cpu_class()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}"
+    """Whose peak a cached probe is: this kind of CPU, its CPUs and torch's threads, the dtype, and torch's
+    version (whose matmul kernels set the speed)."""
+    return f"{cpu_class()}|{os.cpu_count()}|{torch.get_num_threads()}|{dtype}|torch {torch.__version__}"
 
 
 def peak_flops(device_type, dtype, reached=0.0):
@@ -407,8 +411,8 @@ def peak_flops(device_type, dtype, reached=0.0):
         cached = {}
     if not isinstance(cached, dict):
         cached = {}
-    # a damaged file (strings, a list, a negative peak) costs a re-measure, never a failed run
-    cached = {k: v for k, v in cached.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0}
+    # a damaged file (strings, a list, a bool, a peak no CPU has) costs a re-measure, never a failed run
+    cached = {k: v for k, v in cached.items() if type(v) in (int, float) and CPU_PEAK_RANGE[0] <= v <= CPU_PEAK_RANGE[1]}
     if machine in cached and cached[machine] >= reached:
         return cached[machine], source
     if machine in cached:  # a run beat the probe: the probe was low
@@ -464,7 +468,7 @@ class BusyCheck:
             return None
         self.warned = True
         waited = "" if cpus_waiting is None else f", and waited {cpus_waiting:.1f} CPUs' time for a CPU"
+        fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
         return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
                 f"{self.best_tokens_per_s:,.0f}; it used {cpus_used:.1f} of its {threads} threads' CPU time{waited}): "
-                "another process is busy on these CPUs. Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the "
-                "other work")
+                f"another process is busy on these CPUs. {fix}")

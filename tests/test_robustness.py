@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -1478,6 +1479,20 @@ def test_wandb_that_is_not_installed_warns_and_the_run_goes_on(tmp_path, monkeyp
 
 # ---- a busy machine: threads, a slow-run warning, the CPU peak probe ---------------------------------
 
+@pytest.mark.parametrize("capability, auto", [((7, 5), torch.float16), ((8, 0), torch.bfloat16)], ids=["T4", "A100"])
+def test_dtype_auto_on_a_gpu_is_bf16_only_where_it_computes_in_bf16(monkeypatch, capability, auto):
+    """A T4 or V100 (before Ampere) runs bf16 by emulation, which torch's is_bf16_supported counts as
+    support: auto took it over the fp16 tensor cores. An explicit bfloat16 there still runs."""
+    from hardware import pick_dtype
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(major=capability[0], minor=capability[1]))
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True, raising=False)
+    assert pick_dtype("auto", "cuda") == auto
+    assert pick_dtype("bfloat16", "cuda") == torch.bfloat16
+
+
 def with_cgroups(where, monkeypatch, proc_self_cgroup, files):
     """hardware reading a cgroup file system made under where: /proc/self/cgroup's text, and files by path."""
     import hardware
@@ -1636,7 +1651,8 @@ def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings,
     warnings = [i for i, out in enumerate(printed) if out]
     assert warnings == ([] if warned_at is None else [warned_at]), printed
     if warned_at is not None:
-        assert printed[warned_at].startswith("warning: ") and "--threads=1" in printed[warned_at]
+        fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
+        assert printed[warned_at].startswith("warning: ") and printed[warned_at].endswith(f"these CPUs. {fix}")
         assert "\n" not in printed[warned_at]
 
 
@@ -1682,12 +1698,23 @@ def test_a_gpu_takes_its_own_datasheet_peak_not_one_of_a_name_inside_its_own():
     assert gpu_datasheet_peaks("NVIDIA GH200 480GB") is peaks["H200"] and gpu_datasheet_peaks("NVIDIA GB200") is peaks["B200"]
 
 
-@pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', "not json", "[" * 200000],
-                         ids=["a string", "a list", "negative", "not json", "nested past json's depth"])
+@pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', '{"any": true}', '{"any": 1e300}',
+                                     "not json", "[" * 200000],
+                         ids=["a string", "a list", "negative", "a bool", "no CPU's", "not json", "nested past json's depth"])
 def test_a_damaged_cpu_peak_file_costs_a_measurement_not_the_run(tmp_path, monkeypatch, content):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
     (tmp_path / "peak.json").write_text(content.replace('"any"', json.dumps(hardware.cpu_peak_key(torch.float32))))
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
+    assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
+
+
+def test_a_cpu_peak_measured_under_another_torch_is_measured_again(tmp_path, monkeypatch):
+    """torch's matmul kernels set the speed: a peak kept from another version no longer says what this one reaches."""
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    older = hardware.cpu_peak_key(torch.float32).replace(torch.__version__, "2.0.0")
+    (tmp_path / "peak.json").write_text(json.dumps({older: 5e12}))
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
 
