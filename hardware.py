@@ -32,16 +32,16 @@ def pick_device(name):
     """The device the setting `device` names: auto picks cuda, then mps, then cpu."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    kind = name.split(":")[0]
+    spelt = re.fullmatch(r"(cpu|cuda|mps)(?::(0|[1-9][0-9]*))?", name)  # as torch.device reads it
+    if not spelt:
+        raise ValueError(f"unknown device {name!r}; choose auto, cpu, cuda, cuda:N or mps")
+    kind, index = spelt.groups()
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but CUDA is not available here; use --device=cpu (or auto)")
-    index = name.partition(":")[2]
-    if kind == "cuda" and index and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
         raise ValueError(f"device={name!r}: this machine has CUDA devices 0 to {torch.cuda.device_count() - 1}")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={name!r} but MPS is not available here; use --device=cpu (or auto)")
-    if kind not in ("cpu", "cuda", "mps") or index and not index.isdigit():
-        raise ValueError(f"unknown device {name!r}; choose auto, cpu, cuda, cuda:N or mps")
     return name
 
 

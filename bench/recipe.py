@@ -41,6 +41,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, load_config
 from data.loader import Batches, open_split
+from hardware import check_threads
 from train import TrainConfig
 
 
@@ -77,6 +78,7 @@ class RecipeBench:
             raise ValueError(f"run_timeout must be >= 0 (0: 3 * max_seconds + 300), got {self.run_timeout}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: leave OMP_NUM_THREADS unset), got {self.threads}")
+        check_threads(self.threads, "threads")  # what each run's train.py would refuse, said before any runs
         if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):
             raise ValueError(f"work_dir={self.work_dir!r} is a file, not a folder; pick another path")
         try:

@@ -220,6 +220,7 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--seeds=1,1", "seeds=1,1 repeats a seed"),
     ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
     ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
+    ("bench/recipe.py", "--threads=100000", "threads=100000 is far more than the"),  # every run's train.py's refusal
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
     ("bench/recipe.py", "--work_dir=/proc/no_such_folder", "work_dir='/proc/no_such_folder' cannot be made"),
     # train.py's settings are checked before the first run trains, not when a run meets them minutes later

@@ -1493,6 +1493,20 @@ def test_dtype_auto_on_a_gpu_is_bf16_only_where_it_computes_in_bf16(monkeypatch,
     assert pick_dtype("bfloat16", "cuda") == torch.bfloat16
 
 
+def test_a_device_torch_cannot_read_is_one_line(monkeypatch):
+    """cuda: and cuda:01 passed the check (an index that is digits, or none), and torch.device then raised
+    its own RuntimeError, a traceback, where a GPU is there."""
+    from hardware import pick_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name in ("cuda:", "cuda:01", "cuda:-1", "gpu", "cpu:"):
+        with pytest.raises(ValueError, match=rf"^unknown device '{name}'; choose auto, cpu, cuda, cuda:N or mps$"):
+            pick_device(name)
+    assert [pick_device(name) for name in ("cuda", "cuda:1", "cpu")] == ["cuda", "cuda:1", "cpu"]
+    with pytest.raises(ValueError, match=r"device='cuda:2': this machine has CUDA devices 0 to 1"):
+        pick_device("cuda:2")
+
+
 def with_cgroups(where, monkeypatch, proc_self_cgroup, files):
     """hardware reading a cgroup file system made under where: /proc/self/cgroup's text, and files by path."""
     import hardware
