@@ -94,8 +94,7 @@ def main(cfg):
                            n_params=model.num_params(non_embedding=False))
         if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
             dtype = torch.float32
-        c = model.config
-        check_backend(c.attention, device.split(":")[0], dtype, head_size=c.n_embd // c.n_head)
+        check_model_backend(model, cfg, device, dtype)
         if cfg.attention_map:
             check_writable(cfg.attention_map)
         prompt = read_prompt(cfg.start)
@@ -228,6 +227,19 @@ def load_model(cfg):
                          "train again with a lower --learning_rate")
     check_vocabulary(model, tokenizer, path, "the checkpoint is inconsistent")
     return model, tokenizer
+
+
+def check_model_backend(model, cfg, device, dtype):
+    """ValueError if the model's attention backend cannot run here; where it is the trained model's own
+    (no --attention), the error says so and what to give instead."""
+    c = model.config
+    try:
+        check_backend(c.attention, device.split(":")[0], dtype, head_size=c.n_embd // c.n_head)
+    except ValueError as e:
+        if cfg.attention:
+            raise
+        raise ValueError(f"{e} (attention={c.attention!r} is the model's own: --attention=manual samples it on any "
+                         "device)") from None
 
 
 def check_sampled_fields(checkpoint, path):

@@ -1284,6 +1284,10 @@ CASES = [
     Case("sample-checkpoint-with-an-unknown-activation", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: _set(ck["model_config"], "activation", "silu"))),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "unknown activation 'silu'; choose one of gelu_tanh"]),
+    # trained on a GPU with flash-attn's kernel, sampled where there is none: the fix is a flag the user never gave
+    Case("sample-checkpoint-trained-with-fa2", lambda c: sample_args(c, out=c.ckpt_with(
+        lambda ck: _set(ck["model_config"], "attention", "fa2"))),
+         lambda c: ["attention='fa2'", "(attention='fa2' is the model's own: --attention=manual samples it on any device)"]),
     Case("sample-device-index-not-a-number", lambda c: ["sample.py", f"--out_dir={c.trained}", "--device=cpu:abc"],
          lambda c: ["unknown device 'cpu:abc'", "cuda:N"]),
     Case("sample-prompt-file-a-pipe", lambda c: os.mkfifo(c.dir / "prompt") or sample_args(
