@@ -8,7 +8,6 @@ import ctypes
 import functools
 import glob
 import json
-import math
 import os
 import platform
 import re

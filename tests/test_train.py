@@ -1329,7 +1329,7 @@ def test_sample_py_casts_the_weights_themselves(tmp_path, data_dir, launch, monk
     assert seen == [getattr(torch, dtype)]
 
 
-@pytest.mark.parametrize("name", ["cuda:1", "cuda:x", "cuda:-1"])
+@pytest.mark.parametrize("name", ["cuda:1", "cuda:7"])  # a name torch cannot read: test_robustness
 def test_a_cuda_device_that_is_not_there(monkeypatch, name):
     from hardware import pick_device
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with one GPU
