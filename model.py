@@ -223,10 +223,13 @@ class GPT(nn.Module):
         fp32 they give the same tokens; in bf16 the fused kernels round a single query differently from
         a whole window, so a long sample may part ways where two tokens are nearly tied.)
         vocab_size: sample only the first vocab_size tokens (the tokenizer's, if the model's
-        vocabulary was padded: the others never occur in the data). A model in training mode samples
-        in eval mode (no dropout) until the stream ends or is closed."""
+        vocabulary was padded: the others never occur in the data). generator: a torch.Generator, or a
+        list of one per row, so that each row draws what it would draw alone. A model in training mode
+        samples in eval mode (no dropout) until the stream ends or is closed."""
         check_sampling(temperature, top_k, top_p, max_new_tokens)
         B, T = idx.shape
+        if isinstance(generator, (list, tuple)) and len(generator) != B:
+            raise ValueError(f"{len(generator)} generators for {B} rows: give one per row, or one for them all")
         if T == 0:
             raise ValueError("the prompt is empty: generation needs at least one token to condition on")
         block_size = self.config.block_size
@@ -310,7 +313,8 @@ def whole_number(x):
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
-    softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p."""
+    softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p.
+    generator: one torch.Generator, or a list of one per row (each row's draws then its own)."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
@@ -329,7 +333,11 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     # to finish wins with probability p_i. Three small ops, where torch.multinomial's set-up costs
     # more per token on a CPU (and a host sync on a GPU).
     probs = F.softmax(logits, dim=-1)
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1, keepdim=True)
+    if isinstance(generator, (list, tuple)):
+        race = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generator)])
+    else:
+        race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1, keepdim=True)
 
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 models on the Hugging Face hub

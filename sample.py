@@ -9,6 +9,7 @@ attention (attention_map.py renders the pictures):
 """
 import contextlib
 import os
+import random
 import signal
 import sys
 from dataclasses import dataclass
@@ -285,17 +286,24 @@ def continuation(model, tokenizer, ids, cfg):
     """The tokens the model writes after ids for the page: max_new_tokens of them if that is given,
     else to the end of the first line it writes, at most PAGE_NEW_TOKENS (and one window)."""
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    given = cfg.max_new_tokens is not None
-    new = []
+    given, new = cfg.max_new_tokens is not None, []
+    generators = sample_generators(cfg.seed, 1, device)
     for token in model.stream(torch.tensor([ids], device=device),
                               cfg.new_tokens() if given else min(cfg.new_tokens(), model.config.block_size),
-                              cfg.temperature, cfg.top_k, cfg.top_p, generator=generator,
+                              cfg.temperature, cfg.top_k, cfg.top_p, generator=generators,
                               vocab_size=tokenizer.vocab_size):
         new.append(token.item())
         if not given and "\n" in tokenizer.decode(new[-1:]) and tokenizer.decode(new).strip():
             break
     return new
+
+
+def sample_generators(seed, n, device):
+    """A random generator for each of n samples, seeded from seed: sample i draws the same whatever the
+    number of samples (as nanoGPT's, drawn one after another from one seed), and the page's continuation
+    is the first sample."""
+    seeds = random.Random(seed)
+    return [torch.Generator(device=device).manual_seed(seeds.getrandbits(63)) for _ in range(n)]
 
 
 def encode_prompt(tokenizer, prompt, default):
@@ -313,12 +321,12 @@ def write_samples(model, tokenizer, prompt, ids, cfg):
     """num_samples continuations of the prompt, sampled together as one batch: the first is
     streamed to stdout token by token, the others follow when the batch is done."""
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    generators = sample_generators(cfg.seed, cfg.num_samples, device)
     idx = torch.tensor([ids] * cfg.num_samples, dtype=torch.long, device=device)  # (num_samples, T)
     new, pending = [], []  # BPE tokens can end inside a UTF-8 character; hold them until it is complete
     sys.stdout.write(prompt)
     for tokens in model.stream(idx, cfg.new_tokens(), cfg.temperature, cfg.top_k, cfg.top_p,
-                               cfg.use_kv_cache, generator, vocab_size=tokenizer.vocab_size):
+                               cfg.use_kv_cache, generators, vocab_size=tokenizer.vocab_size):
         new.append(tokens)  # (num_samples, 1)
         pending.append(tokens[0, 0].item())
         text = tokenizer.decode(pending)

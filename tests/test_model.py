@@ -789,6 +789,30 @@ def sample_py(launch, out_dir, *args):
     return samples[:3]
 
 
+def test_sample_py_draws_each_sample_the_same_whatever_num_samples_is(launch, sampling_out_dir):
+    """Sample i of a seed does not depend on how many are drawn with it (the noise was drawn for the whole
+    batch at once: --num_samples=1 began otherwise than --num_samples=3), nor on the cache; other seeds
+    and other rows draw otherwise."""
+    three = sample_py(launch, sampling_out_dir, "--temperature=1.5")
+    one = check_ok(launch("sample.py", f"--out_dir={sampling_out_dir}", "--device=cpu", "--dtype=float32",
+                          "--start=All", "--max_new_tokens=30", "--num_samples=1", "--temperature=1.5")).stdout
+    assert one.split(SEPARATOR)[0] == three[0] and len(set(three)) == 3, (one, three)
+    assert sample_py(launch, sampling_out_dir, "--temperature=1.5", "--use_kv_cache=false") == three
+    assert sample_py(launch, sampling_out_dir, "--temperature=1.5", "--seed=1338")[0] != three[0]
+
+
+def test_a_generator_per_row_draws_each_row_as_it_would_alone():
+    model = make_gpt("manual", vocab_size=32, std=0.3)
+    prompt = rand_tokens(3, 5, vocab=32)
+    seeds = [7, 8, 9]
+    rows = model.generate(prompt, 20, temperature=1.5, generator=[torch.Generator().manual_seed(s) for s in seeds])
+    alone = [model.generate(prompt[i:i + 1], 20, temperature=1.5, generator=torch.Generator().manual_seed(s))
+             for i, s in enumerate(seeds)]
+    assert torch.equal(rows, torch.cat(alone)) and not torch.equal(rows[0, 5:], rows[1, 5:])
+    with pytest.raises(ValueError, match="2 generators for 3 rows: give one per row, or one for them all"):
+        model.generate(prompt, 2, generator=[torch.Generator(), torch.Generator()])
+
+
 @pytest.mark.parametrize("truncation", [["--top_k=1"], ["--top_p=0.001", "--top_k=none"]], ids=["top_k", "top_p"])
 def test_sample_py_top_k_one_and_a_tiny_top_p_decode_greedily(launch, sampling_out_dir, truncation):
     """--top_k=1, or a top_p that only the most likely token reaches, leaves one token to draw: sample.py
@@ -803,9 +827,10 @@ def test_sample_py_top_k_one_and_a_tiny_top_p_decode_greedily(launch, sampling_o
 
 
 def test_sample_py_samples_with_the_top_k_and_top_p_it_is_given(launch, sampling_out_dir, data_dir):
-    """sample.py's samples are model.generate's, same seed, with the temperature, top_k and top_p of its
-    flags: values that each truncate this model's distributions, so that without either of them
-    generate samples something else."""
+    """sample.py's samples are model.generate's, same seed (a generator per sample), with the temperature,
+    top_k and top_p of its flags: values that each truncate this model's distributions, so that without
+    either of them generate samples something else."""
+    from sample import sample_generators
     options = dict(temperature=1.3, top_k=5, top_p=0.8)
     samples = sample_py(launch, sampling_out_dir, "--seed=3", *(f"--{k}={v}" for k, v in options.items()))
     checkpoint = load_checkpoint(str(sampling_out_dir / "ckpt.pt"))
@@ -814,7 +839,7 @@ def test_sample_py_samples_with_the_top_k_and_top_p_it_is_given(launch, sampling
 
     def generate(**sampling):
         rows = model.generate(torch.tensor([tokenizer.encode("All")] * 3), 30, vocab_size=tokenizer.vocab_size,
-                              generator=torch.Generator().manual_seed(3), **sampling)
+                              generator=sample_generators(3, 3, "cpu"), **sampling)
         return [tokenizer.decode(row) for row in rows.tolist()]
 
     assert samples == generate(**options)
