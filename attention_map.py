@@ -28,6 +28,18 @@ PICTURE_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".html")  # what --attention_
 KEPT_PER_FORWARD = 2**24
 
 
+PAGE_MAX_BYTES = 512 * 2**20  # a page larger than this is more than a browser opens well (and takes GiBs to make)
+
+
+def page_bytes(config, n_tokens):
+    """About how large write_attention_page's page over n_tokens is: for every layer and head, each row's
+    keys (min(i + 1, block_size) for row i) a half-precision score and a byte share, and a row's fp32 |o|,
+    in base64 (4 characters for 3 bytes)."""
+    T = config.block_size
+    keys = n_tokens * (n_tokens + 1) // 2 if n_tokens <= T else T * (T + 1) // 2 + (n_tokens - T) * T
+    return config.n_layer * config.n_head * (3 * keys + 4 * n_tokens) * 4 // 3
+
+
 def windows_per_forward(config):
     """How many windows of block_size tokens one forward takes: as many as keep at most
     KEPT_PER_FORWARD numbers, and at least one."""

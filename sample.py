@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from attention import Backend, check_backend
-from attention_map import PICTURE_FORMATS, plot_attention, write_attention_page
+from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
 from checkpoint import (check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint,
                         model_from_checkpoint)
 from configurator import config_from_argv, fail
@@ -103,6 +103,8 @@ def main(cfg):
         if not ids:
             raise ValueError("the prompt is empty; give at least one character with --start=...")
         check_fits(model, cfg, len(ids), device, dtype)
+        if cfg.attention_map.lower().endswith(".html"):
+            check_page_size(model.config, len(ids), cfg.new_tokens())
     except (ValueError, OSError) as e:
         fail(e)
     except KeyboardInterrupt:  # while the weights or the tokenizer load: nothing was written yet
@@ -228,6 +230,16 @@ def load_model(cfg):
                          "train again with a lower --learning_rate")
     check_vocabulary(model, tokenizer, path, "the checkpoint is inconsistent")
     return model, tokenizer
+
+
+def check_page_size(config, n_prompt, n_new):
+    """ValueError if the attention page over the prompt and n_new tokens would be larger than a browser opens
+    well (attention_map.PAGE_MAX_BYTES): it holds every row of the whole text."""
+    size = page_bytes(config, n_prompt + n_new)
+    if size > PAGE_MAX_BYTES:
+        raise ValueError(f"an attention page over {n_prompt + n_new:,} tokens ({n_prompt:,} of the prompt) would be "
+                         f"~{size / 2**20:,.0f} MiB, more than a browser opens well ({PAGE_MAX_BYTES / 2**20:,.0f} MiB): "
+                         "give a shorter prompt or fewer --max_new_tokens, or draw a picture of its last window (.png)")
 
 
 def check_model_backend(model, cfg, device, dtype):

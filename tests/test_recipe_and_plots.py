@@ -186,6 +186,21 @@ def test_plot_losses_draws_both_axes_of_its_own_runs_records(tmp_path, drawn_fig
                          ([x(i) for i in evals], [4 * math.exp(-i / 30) + 1.2 for i in evals])]
 
 
+@pytest.mark.parametrize("n_tokens", [20, 300], ids=["within a window", "many windows"])
+def test_the_page_size_sample_py_checks_is_the_pages(tmp_path, n_tokens):
+    """attention_map.page_bytes, which sample.py refuses a page by, is what write_attention_page writes: the
+    page less its template and its tokens, within 1 %."""
+    import attention_map
+    from attention_map import page_bytes, write_attention_page
+    config = GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=3, n_embd=24)
+    model = GPT(config).eval()
+    ids = torch.randint(40, (n_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    write_attention_page(model, ids, ["x"] * n_tokens, n_tokens // 2, str(tmp_path / "a.html"), "t")
+    template = len(open(attention_map.__file__.removesuffix(".py") + ".html", encoding="utf-8").read())
+    written = (tmp_path / "a.html").stat().st_size - template - len(json.dumps(["x"] * n_tokens))
+    assert abs(written - page_bytes(config, n_tokens)) < 0.01 * written + 300, (written, page_bytes(config, n_tokens))
+
+
 def test_plot_attention_shows_the_causal_triangle(tmp_path, drawn_figures):
     torch.manual_seed(0)
     T = 12

@@ -787,6 +787,25 @@ def test_a_full_stdout_is_one_line_and_training_stops_after_a_save(tmp_path, dat
                                                         "left on device\n"), sample.stderr
 
 
+def test_an_attention_page_too_large_to_open_is_one_line_before_the_work(trained, tmp_path, monkeypatch, capsys):
+    """A long --start=FILE: prompt made a page of hundreds of MB (3 GB of memory, a minute) that no browser
+    opens well: refused at once, with its size. Here the limit is lowered to what the default prompt's
+    page takes, and the prompt made longer."""
+    import attention_map
+    import sample
+    config = load_checkpoint(str(trained / "ckpt.pt"))["model_config"]
+    monkeypatch.setattr(sample, "PAGE_MAX_BYTES", attention_map.page_bytes(GPTConfig(**config), 1 + 20))
+    cfg = dict(out_dir=str(trained), device="cpu", max_new_tokens=20, attention_map=str(tmp_path / "a.html"))
+    sample.main(sample.SampleConfig(**cfg))  # the default prompt: one token
+    assert (tmp_path / "a.html").exists()
+    with pytest.raises(SystemExit) as exit:
+        sample.main(sample.SampleConfig(**{**cfg, "attention_map": str(tmp_path / "b.html")}, start="\n\n"))
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and re.fullmatch(r"error: an attention page over 22 tokens \(2 of the prompt\) would "
+                                                 r"be ~[\d.,]+ MiB, more than a browser opens well .*\(\.png\)\n", err), err
+    assert not (tmp_path / "b.html").exists()
+
+
 def test_ctrl_c_while_sample_py_loads_its_model_is_one_line(trained, monkeypatch, capsys):
     """Ctrl-C while the weights or the tokenizer load (seconds for GPT-2's): one line, exit 128 + SIGINT."""
     import sample
