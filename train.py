@@ -679,15 +679,20 @@ def train_step(state, wrapped_model, cfg, setup, multiplier):
             with record_function("backward"):
                 state.scaler.scale(loss).backward()
         total += loss.detach()
-    if cfg.grad_clip > 0:
-        with record_function("clip"):
-            for optimizer in state.optimizers:
-                state.scaler.unscale_(optimizer)
+    with record_function("clip"):
+        for optimizer in state.optimizers:  # fp16: the gradients at their true size (without a scaler: nothing)
+            state.scaler.unscale_(optimizer)
+        if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(wrapped_model.parameters(), cfg.grad_clip)
+    # fp16's scaler skips the step of an optimizer whose own gradients overflowed: with Muon beside AdamW, an
+    # overflow in either must skip both (Muon stepped on its momentum alone, the clipped gradients zeroed)
+    overflowed = state.scaler.is_enabled() and len(state.optimizers) > 1 and not torch.isfinite(
+        torch.nn.utils.get_total_norm([p.grad for p in wrapped_model.parameters() if p.grad is not None])).item()
     for optimizer in state.optimizers:
-        state.scaler.step(optimizer)
+        if not overflowed:
+            state.scaler.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
-    state.scaler.update()
+    state.scaler.update()  # after an overflow: a smaller scale
     return total
 
 

@@ -26,7 +26,7 @@ from checkpoint import OPTIONAL_RESUME_FIELDS, RESUME_FIELDS, RNG_KEYS, model_fr
 from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
-from model import GPT
+from model import GPT, GPTConfig
 TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
         "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
 SEPARATOR = "\n---------------\n"
@@ -463,6 +463,32 @@ def test_an_overwriting_run_that_saved_nothing_does_not_take_the_earlier_runs_ch
     check_ok(launch("train.py", *args, "--max_iters=4", "--eval_interval=2", "--init_from=resume"))
     assert [r["iter"] for r in metrics(out) if "loss" in r] == [1, 2, 3, 4]
     assert {r["run"] for r in metrics(out)} == {earlier}
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_an_fp16_overflow_in_one_optimizers_gradients_skips_every_optimizers_step(tmp_path, grad_clip):
+    """fp16's GradScaler skips the step of an optimizer whose own gradients overflowed. An inf in the tied
+    embedding's gradient (AdamW's; its fp16 weight-gradient matmul sums over every token) skipped AdamW,
+    while Muon, its gradients finite (or zeroed by clipping an infinite norm), stepped on momentum alone."""
+    import train
+    cfg = tiny_config(tmp_path, tmp_path, grad_clip=grad_clip)
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float16)  # the scaler, as on a GPU
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    state = train.new_train_state(cfg, setup, model, np.random.default_rng(0).integers(64, size=500).astype(np.uint16))
+    train.train_step(state, model, cfg, setup, 1.0)  # a step without overflow: Muon has momentum
+    before, scale = {n: p.detach().clone() for n, p in model.named_parameters()}, state.scaler.get_scale()
+
+    def overflowed(grad):
+        grad = grad.clone()
+        grad[0, 0] = float("inf")
+        return grad
+
+    model.transformer.wte.weight.register_hook(overflowed)
+    train.train_step(state, model, cfg, setup, 1.0)
+    assert state.scaler.get_scale() == scale / 2, "the scaler did not see the overflow"
+    assert [n for n, p in model.named_parameters() if not torch.equal(p, before[n])] == []
 
 
 def test_another_rank_takes_out_dirs_checkpoint_for_its_runs_only_where_rank_0_wrote_it(tmp_path, data_dir,
