@@ -32,12 +32,19 @@ def configure_optimizers(model, optimizer, learning_rate, weight_decay, betas, m
 
 def lr_multiplier(cfg, it, elapsed):
     """The learning rate as a fraction of its peak: linear warm-up over warmup_iters, then a cosine
-    down to min_lr/learning_rate as training progresses, by the clock if max_seconds is set.
+    down to min_lr/learning_rate as training progresses, by the clock if max_seconds is set: from the
+    warm-up's end (its seconds taken at the run's pace so far, so that a slow machine, whose warm-up
+    takes much of the budget, still starts the decay at the peak) to max_seconds.
     cfg: train.py's settings; it: the iteration; elapsed: seconds of training so far."""
     if it < cfg.warmup_iters:
         return (it + 1) / (cfg.warmup_iters + 1)
-    decay_iters = (cfg.max_iters if schedule_reads_max_iters(cfg) else cfg.lr_decay_iters) - cfg.warmup_iters
-    progress = elapsed / cfg.max_seconds if cfg.max_seconds > 0 else (it - cfg.warmup_iters) / max(1, decay_iters)
+    if cfg.max_seconds > 0:
+        warmup_seconds = elapsed * cfg.warmup_iters / it if it else 0.0
+        left = cfg.max_seconds - warmup_seconds
+        progress = (elapsed - warmup_seconds) / left if left > 0 else 1.0
+    else:
+        decay_iters = (cfg.max_iters if schedule_reads_max_iters(cfg) else cfg.lr_decay_iters) - cfg.warmup_iters
+        progress = (it - cfg.warmup_iters) / max(1, decay_iters)
     floor = cfg.min_lr / cfg.learning_rate
     return floor + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (1.0 - floor)
 

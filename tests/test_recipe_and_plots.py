@@ -34,9 +34,20 @@ def test_time_driven_schedule_ends_fully_decayed():
     cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, max_seconds=100)
     assert lr_multiplier(cfg, 0, 0.0) == pytest.approx(1 / 11)  # warming up
     assert lr_multiplier(cfg, 10, 0.0) == pytest.approx(1.0)
-    assert lr_multiplier(cfg, 500, 50.0) == pytest.approx(0.55)  # half the time: halfway down the cosine
+    # at this pace (a 50th of the time per iteration) warm-up took a 50th of it: halfway from there, halfway down
+    assert lr_multiplier(cfg, 500, 50 / 0.99) == pytest.approx(0.55)
     assert lr_multiplier(cfg, 900, 100.0) == pytest.approx(0.1)  # min_lr / learning_rate
     assert lr_multiplier(cfg, 999, 170.0) == pytest.approx(0.1)  # past the budget: stays at min_lr
+
+
+def test_time_driven_schedule_decays_from_the_peak_on_a_machine_whose_warm_up_takes_half_the_budget():
+    """1 s an iteration, 100 of warm-up in 190 s: the decay counted the warm-up's 100 s as its own, so the
+    rate fell from 0.99 of the peak to 0.46 in one step and the peak was never held."""
+    cfg = TrainConfig(warmup_iters=100, max_seconds=190, min_lr=0)
+    assert lr_multiplier(cfg, 99, 99.0) == pytest.approx(100 / 101)
+    assert lr_multiplier(cfg, 100, 100.0) == pytest.approx(1.0)
+    assert lr_multiplier(cfg, 145, 145.0) == pytest.approx(0.5)  # halfway through what is left
+    assert lr_multiplier(cfg, 190, 190.0) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_clock_leaves_out_paused_time():
