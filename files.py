@@ -144,8 +144,8 @@ def check_stdout():
 
 class OutputThatMayClose:
     """A text stream (stdout) that may stop taking text: its reader leaves, as `python train.py |
-    head -3` does (a BrokenPipeError), or the file it goes to cannot grow (a full disk). What follows
-    is then dropped, and on_close(error) is called once."""
+    head -3` does (a BrokenPipeError), and what follows is dropped; or the file it goes to cannot grow
+    (a full disk), and what follows goes to stderr. Either way on_close(error) is called once."""
 
     def __init__(self, stream, on_close):
         self.stream, self.on_close, self.gone = stream, on_close, False
@@ -166,10 +166,13 @@ class OutputThatMayClose:
                 self.closed(e)
 
     def closed(self, error):
-        self.gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
-        os.dup2(devnull, self.stream.fileno())
-        os.close(devnull)
+        if isinstance(error, BrokenPipeError):
+            self.gone = True
+            devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        else:  # what is still to say (where a checkpoint went, how to resume) is said where it can be read
+            os.dup2(sys.stderr.fileno(), self.stream.fileno())
         self.on_close(error)
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ...: the stream's own

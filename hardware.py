@@ -125,9 +125,11 @@ def cgroup_dirs(controller):
         if len(entry) != 3 or (entry[1] and controller not in entry[1].split(",")):
             continue
         version = 2 if not entry[1] else 1
-        unified = os.path.join(CGROUP_ROOT, "unified")  # v2 beside v1 (a hybrid), or alone at the root
-        base = (os.path.join(CGROUP_ROOT, controller) if version == 1 else
-                unified if os.path.isdir(unified) else CGROUP_ROOT)
+        # v1: the hierarchy's directory, named for its controllers ("cpu,cpuacct"; "cpu" is often a link to it);
+        # v2: beside v1 (a hybrid), or alone at the root
+        named = [os.path.join(CGROUP_ROOT, name) for name in (entry[1], controller)] if version == 1 else \
+            [os.path.join(CGROUP_ROOT, "unified")]
+        base = next((d for d in named if os.path.isdir(d)), CGROUP_ROOT)
         parts = [part for part in entry[2].split("/") if part]
         found += [(version, d) for d in (os.path.join(base, *parts[:n]) for n in range(len(parts), -1, -1))
                   if os.path.isdir(d)]
@@ -144,7 +146,7 @@ def cgroup_values(controller, v1_names, v2_name):
                 values.append([read_file(os.path.join(directory, name)) for name in v1_names])
             else:
                 values.append(read_file(os.path.join(directory, v2_name)).split())
-        except OSError:  # a cgroup without that setting (the root's, say)
+        except (OSError, ValueError):  # a cgroup without that setting (the root's, say), or not text
             continue
     return values
 
@@ -158,8 +160,9 @@ def cgroup_cpus():
     """The CPUs' worth of time the cgroups holding this process allow it (docker --cpus, a Kubernetes CPU
     limit), the strictest of them; None where none is set."""
     allowed = []
-    for quota, period in cgroup_values("cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"), "cpu.max"):
-        if quota.isdigit() and period.isdigit() and int(quota) > 0 and int(period) > 0:  # v1's -1 and v2's max: none
+    for value in cgroup_values("cpu", ("cpu.cfs_quota_us", "cpu.cfs_period_us"), "cpu.max"):
+        quota, period = (value + ["", ""])[:2]  # what is not two whole numbers (v1's -1, v2's max) is no limit
+        if quota.isdecimal() and period.isdecimal() and int(quota) > 0 and int(period) > 0:
             allowed.append(int(quota) / int(period))
     return min(allowed, default=None)
 
@@ -167,8 +170,8 @@ def cgroup_cpus():
 def cgroup_memory_bytes():
     """The memory the cgroups holding this process allow it (docker --memory), the strictest; None where
     none is set (v1 writes "no limit" as a number near 2**63)."""
-    limits = [int(value) for value, *_ in cgroup_values("memory", ("memory.limit_in_bytes",), "memory.max")
-              if value.isdigit() and int(value) < 2**62]
+    limits = [int(value[0]) for value in cgroup_values("memory", ("memory.limit_in_bytes",), "memory.max")
+              if value and value[0].isdecimal() and int(value[0]) < 2**62]
     return min(limits, default=None)
 
 

@@ -188,6 +188,8 @@ class MetricsLog:
             self.others_kept = False
 
     def draw(self):
+        if self.others_kept:  # loss.png stays the earlier run's, as its checkpoint and records do
+            return
         try:
             plot_losses(self.path, self.png, self.run_id)
         except Exception as e:  # noqa: BLE001 - matplotlib's and the disk's: a picture never stops training

@@ -723,11 +723,15 @@ class StopRequest:
 
     def output_closed(self, error):
         """stdout takes no more text: its reader left (a stop, quietly, as a Unix tool stops), or its disk
-        is full (a stop, said on stderr)."""
-        if not isinstance(error, BrokenPipeError):
+        is full: a stop once training runs (said, and the rest of the log goes to stderr), else the end."""
+        if isinstance(error, BrokenPipeError):
+            self.request(signal.SIGPIPE, None)
+        elif not self.previous:  # before training, or an evaluation alone: nothing to save
+            fail(f"could not write to stdout: {error.strerror or error}", status=1)
+        else:
             sys.stderr.write(f"warning: the log cannot be written to stdout ({error.strerror or error}); the run "
-                             "stops as on a signal, after a save\n")
-        self.request(signal.SIGPIPE, None)
+                             "stops as on a signal, after a save, and says the rest here\n")
+            self.request(signal.SIGPIPE, None)
 
     def release(self):
         """Put back the handlers, and stdout, that were there before."""

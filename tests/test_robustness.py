@@ -769,22 +769,43 @@ def test_a_closed_stdout_is_one_line_before_anything_is_written(tmp_path, data_d
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full: a file that is always full")
-def test_a_full_stdout_is_one_line_and_training_stops_after_a_save(tmp_path, data_dir, trained):
-    """python train.py > file on a full disk: the log could not be written, an OSError's traceback lost the
-    run's work since the last evaluation; now it stops as on a signal, saving first. sample.py says so."""
+@pytest.mark.parametrize("script", ["train.py", "eval_only", "sample.py"])
+def test_a_full_stdout_before_training_is_one_line(tmp_path, data_dir, trained, script):
+    """python train.py > file on a full disk (sample.py, or an evaluation alone): an OSError's traceback;
+    before training there is nothing to save, so the run ends in one line, not 0 (eval_only's was 0)."""
+    args = {"train.py": ["train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}"],
+            "eval_only": ["train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={trained}", "--init_from=resume",
+                          "--eval_only=true"],
+            "sample.py": ["sample.py", f"--out_dir={trained}", "--device=cpu"]}[script]
     with open("/dev/full", "w") as full:
-        out = tmp_path / "out"
-        train = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}",
-                                "--max_iters=100000", "--eval_interval=100000"], cwd=ROOT, env=ENV, stdout=full,
-                               stderr=subprocess.PIPE, text=True, timeout=120)
-        sample = subprocess.run([sys.executable, "sample.py", f"--out_dir={trained}", "--device=cpu"], cwd=ROOT,
-                                env=ENV, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert train.returncode == 128 + signal.SIGPIPE and train.stderr == (
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=ENV, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    what = "the samples " if script == "sample.py" else ""
+    assert proc.returncode == 1 and proc.stderr == f"error: could not write {what}to stdout: No space left on " \
+                                                   "device\n", proc.stderr
+
+
+def test_a_stdout_that_fills_up_while_training_stops_the_run_after_a_save(tmp_path, data_dir):
+    """The disk under `python train.py > run.log` fills up mid-run: the OSError's traceback lost the work since
+    the last evaluation. Now the run stops as on a signal, saving first, and says the rest (where it saved,
+    how to resume) on stderr."""
+    (tmp_path / "small").mkdir()
+    cannot = mount_tmpfs(tmp_path / "small", "64k")
+    if cannot:
+        pytest.skip(cannot)
+    out = tmp_path / "out"
+    try:
+        with open(tmp_path / "small" / "run.log", "w") as log:
+            train = subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}",
+                                    "--max_iters=1000000", "--eval_interval=1000000", "--log_interval=1"], cwd=ROOT,
+                                   env=ENV, stdout=log, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        subprocess.run(["umount", str(tmp_path / "small")])
+    assert train.returncode == 128 + signal.SIGPIPE and train.stderr.startswith(
         "warning: the log cannot be written to stdout (No space left on device); the run stops as on a signal, "
-        "after a save\n"), train.stderr
-    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] >= 1 and not (out / ".lock").exists()
-    assert sample.returncode == 1 and sample.stderr == ("error: could not write the samples to stdout: No space "
-                                                        "left on device\n"), sample.stderr
+        "after a save, and says the rest here\n"), train.stderr
+    assert f"saved {out / 'ckpt.pt'} (stopped by SIGPIPE" in train.stderr and "\nresume with: " in train.stderr
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] > 100 and not (out / ".lock").exists()
 
 
 def test_an_attention_page_too_large_to_open_is_one_line_before_the_work(trained, tmp_path, monkeypatch, capsys):
@@ -1537,7 +1558,7 @@ def with_cgroups(where, monkeypatch, proc_self_cgroup, files):
     (where / "cgroup").write_text(proc_self_cgroup)
     for name, text in files.items():
         (where / "sys" / name).parent.mkdir(parents=True, exist_ok=True)
-        (where / "sys" / name).write_text(text + "\n")
+        (where / "sys" / name).write_bytes((text + "\n").encode("utf-8", "surrogateescape"))
     monkeypatch.setattr(hardware, "CGROUP_ROOT", str(where / "sys"))
     monkeypatch.setattr(hardware, "PROC_CGROUP", str(where / "cgroup"))
 
@@ -1552,7 +1573,15 @@ def with_cgroups(where, monkeypatch, proc_self_cgroup, files):
     ("4:cpu,cpuacct:/docker/0123abcd\n0::/\n", {"cpu/cpu.cfs_quota_us": "200000", "cpu/cpu.cfs_period_us": "100000",
                                                 "unified/cgroup.controllers": ""}, 2),
     ("4:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, 4),  # no limit
-    ("", {}, 4)], ids=["v2", "v2-max", "v1-docker", "v1-none", "no-cgroups"])
+    # the v1 hierarchy named for its controllers, without the usual "cpu" link to it
+    ("4:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "100000", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 1),
+    # what is not a setting is no limit: one word, nothing, not text, digits that are not 0-9
+    ("0::/\n", {"cgroup.controllers": "cpu", "cpu.max": "max"}, 4),
+    ("0::/\n", {"cgroup.controllers": "cpu", "cpu.max": ""}, 4),
+    ("0::/\n", {"cgroup.controllers": "cpu", "cpu.max": "\udcff"}, 4),
+    ("0::/\n", {"cgroup.controllers": "cpu", "cpu.max": "\u00b200000 100000"}, 4),
+    ("", {}, 4)], ids=["v2", "v2-max", "v1-docker", "v1-none", "v1-cpu,cpuacct", "one-word", "empty", "not-text",
+                       "superscript", "no-cgroups"])
 def test_a_containers_cpu_quota_caps_the_threads(tmp_path, monkeypatch, proc_self_cgroup, files, cpus):
     """docker --cpus=1 on a 2-CPU machine: the default took 2 threads, and a run made 104 iterations where
     one thread made 4,563 (its OpenMP threads waited out each other's quota), blaming "another process"."""
@@ -1579,6 +1608,8 @@ def test_a_containers_memory_limit_is_the_memory_a_model_must_fit_in(tmp_path, m
     with_cgroups(tmp_path / "v2", monkeypatch, "0::/job\n", {"cgroup.controllers": "memory", "job/memory.max": "max",
                                                              "memory.max": str(1 << 30)})
     assert memory_bytes("cpu") == min(physical, 1 << 30)
+    with_cgroups(tmp_path / "empty", monkeypatch, "0::/\n", {"cgroup.controllers": "memory", "memory.max": ""})
+    assert memory_bytes("cpu") == physical
 
 
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):

@@ -846,10 +846,11 @@ def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tm
 
 def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_path, data_dir, monkeypatch, capsys):
     """--overwrite=true leaves the earlier run's ckpt.pt until the new run's first save: out of memory before
-    that, the new run saved nothing; a first save that fails leaves the earlier run's checkpoint, said so."""
+    that, the new run saved nothing; saves that fail leave the earlier run's checkpoint, said so, and its
+    picture (the evaluation between them redrew loss.png from the new run's records)."""
     import train
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, eval_interval=2))
-    earlier = load(tmp_path / "ckpt.pt")["run_id"]
+    earlier, earlier_picture = load(tmp_path / "ckpt.pt")["run_id"], (tmp_path / "loss.png").read_bytes()
     capsys.readouterr()
     forward = GPT.forward
 
@@ -867,9 +868,10 @@ def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_p
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(train, "save_checkpoint", disk_full)
-    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=2,
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=4,
                                                 eval_interval=2), capsys)
-    assert status == 1 and out.err == (f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 2: No space left "
+    assert "warning: could not write" in out.out and (tmp_path / "loss.png").read_bytes() == earlier_picture
+    assert status == 1 and out.err == (f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 4: No space left "
                                        f"on device; {tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; "
                                        "free some space, or pick another --out_dir, and run again\n"), out.err
     assert load(tmp_path / "ckpt.pt")["run_id"] == earlier
