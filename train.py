@@ -116,10 +116,6 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if self.max_seconds > 0 and self.lr_decay_iters:
-            raise ValueError(f"lr_decay_iters={self.lr_decay_iters} ends the decay at an iteration, but with "
-                             f"max_seconds={self.max_seconds:g} the decay follows the clock; give --max_seconds=0 to "
-                             "train by iterations, or leave lr_decay_iters at 0")
         if self.max_seconds == 0 and self.lr_decay_iters and self.lr_decay_iters <= self.warmup_iters:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} would end the decay before warm-up ends "
                              f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
