@@ -91,11 +91,12 @@ def test_train_then_sample_end_to_end(tmp_path, data_dir, launch):
             assert set(text) <= vocab
         assert samples[0] != samples[1], "the two samples should differ: sampling, not greedy decoding"
     assert again.stdout == first.stdout, "the same seed must give the same samples"
-    # the samples are one batch: the rows of model.generate over two copies of the prompt, same seed
+    # the samples are one batch: the rows of model.generate over two copies of the prompt, a generator per row
+    from sample import sample_generators
     model = model_from_checkpoint(load(out / "ckpt.pt"), out / "ckpt.pt").eval()
     tokenizer = tokenizer_from_meta(ckpt["tokenizer"])
     rows = model.generate(torch.tensor([tokenizer.encode("\n")] * 2), 20, temperature=0.8, top_k=200,
-                          generator=torch.Generator().manual_seed(1), vocab_size=tokenizer.vocab_size)
+                          generator=sample_generators(1, 2, "cpu"), vocab_size=tokenizer.vocab_size)
     assert first.stdout.split(SEPARATOR)[:2] == [tokenizer.decode(row) for row in rows.tolist()]
 
 
