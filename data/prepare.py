@@ -221,8 +221,8 @@ def _local_data_files(dataset):
         if not splits:
             raise ValueError(f"{dataset} holds no {'/'.join(_BUILDERS)} files")
         return splits
-    if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")):
-        raise ValueError(f"no such file: {dataset}")
+    if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
+        raise ValueError(f"no such file: {dataset}")  # a path's spelling (a Hub name never ends in "/")
     return None  # a Hub name like "karpathy/tiny_shakespeare"
 
 

@@ -640,6 +640,7 @@ def assert_one_error_line_after_progress(status, stderr, expected):
     (["--dataset=no*match.txt"], "no files match no*match.txt"),
     (["--dataset=notes"], "notes holds no .txt/.text/.json/.jsonl/.csv/.parquet files"),
     (["--dataset=missing.jsonl"], "no such file: missing.jsonl"),
+    (["--dataset=mydocs/"], "no such file: mydocs/"),  # a folder's spelling, not a Hub name: no network
     (["--dataset=mixed"], "mixed mixes file types (json, text); use one kind"),
     (["--dataset=ok.jsonl", "--split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
     (["--dataset=ok.jsonl", "--val_split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
@@ -647,7 +648,8 @@ def assert_one_error_line_after_progress(status, stderr, expected):
                                                    "text); pick one with --text_column"),
     (["--dataset=numbers.jsonl"], "expected text documents, got int; pick a column of text with --text_column"),
     (["--dataset=numbers.jsonl", "--tokenizer=char"], "expected text documents, got int")],
-    ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "mixed", "no_split", "no_val_split",
+    ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
+         "no_val_split",
          "no_column", "not_text", "not_text_char"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line; a dataset that datasets cannot read too (its
