@@ -35,7 +35,7 @@ from checkpoint import (check_not_an_out_dir, check_out_dir, check_resumable, ch
                         torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_shakespeare_char
+from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
@@ -304,7 +304,7 @@ def load_data(cfg, setup):
         if os.path.normpath(cfg.data_dir) == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             try:
-                prepare_shakespeare_char(cfg.data_dir)
+                prepare_default_corpus(cfg.data_dir)
             except KeyboardInterrupt:  # before training, Ctrl-C is not a stop request: there is nothing to save
                 fail(f"interrupted while preparing {cfg.data_dir}; it holds no data yet: run again to prepare it",
                      status=128 + signal.SIGINT)

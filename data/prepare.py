@@ -90,20 +90,22 @@ def _tmp_path(path):
 
 
 @contextlib.contextmanager
-def _writable_out_dir(out_dir):
+def _writable_out_dir(out_dir, setting="out_dir"):
     """Make out_dir (a normalised path) and check that a file can be written in it, before any text is read or downloaded
-    (a large dataset takes hours). A run that fails after that removes the directories it made."""
+    (a large dataset takes hours). A run that fails after that removes the directories it made. setting: the
+    flag that named out_dir, for the errors (train.py's is data_dir)."""
     parent = out_dir
     while parent and not os.path.lexists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise ValueError(f"cannot write to out_dir={out_dir!r}: {parent} is not a directory; pick another --out_dir")
+        raise ValueError(f"cannot write to {setting}={out_dir!r}: {parent} is not a directory; pick another --{setting}")
     with new_directories(out_dir):
         try:
             with tempfile.TemporaryFile(dir=out_dir):  # a probe: not read-only, ours to write
                 pass
         except OSError as e:
-            raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror or e}; pick another --out_dir") from None
+            raise ValueError(f"cannot write to {setting}={out_dir!r}: {e.strerror or e}; pick another --{setting}") \
+                from None
         yield
 
 
@@ -120,7 +122,7 @@ def _write_tokens(ids, f):
         f.write(np.ascontiguousarray(ids, dtype=TOKEN_DTYPE).data)
     except OSError as e:
         raise ValueError(f"cannot write the token files in {os.path.dirname(os.path.abspath(f.name))}: "
-                         f"{e.strerror or e}; free some space there or pick another --out_dir") from None
+                         f"{e.strerror or e}; free some space there, or prepare the data elsewhere") from None
 
 
 def _publish(out_dir, staged, meta):
@@ -354,6 +356,13 @@ def shakespeare_corpus(plays="all"):
 def prepare_shakespeare_char(out_dir=SHAKESPEARE_CHAR_DIR, plays="all"):
     train, val = shakespeare_corpus(plays)
     return prepare_char(train, out_dir, val_text=val)
+
+
+def prepare_default_corpus(data_dir):
+    """What `python data/prepare.py` writes, for train.py's first run: its folder checked first and removed
+    again if the run fails, as prepare.py's, and named by train.py's setting, data_dir."""
+    with _writable_out_dir(os.path.normpath(data_dir), "data_dir"):
+        return prepare_shakespeare_char(data_dir)
 
 
 def prepare_char_dataset(out_dir, dataset, *, split="train", text_column="text", val_split=None, cache_dir=None):

@@ -918,8 +918,8 @@ import data.shakespeare, train
 # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT (a
 # background job does), which the child would otherwise inherit
 signal.signal(signal.SIGINT, signal.default_int_handler)
-train.prepare_shakespeare_char = lambda out_dir: (print("preparing", flush=True),
-                                                  [time.sleep(0.05) for _ in range(1200)])
+train.prepare_default_corpus = lambda out_dir: (print("preparing", flush=True),
+                                                [time.sleep(0.05) for _ in range(1200)])
 train.main(train.config_from_argv(train.TrainConfig))
 """
 
@@ -945,12 +945,25 @@ def test_the_default_corpus_is_prepared_however_its_folder_is_spelled(tmp_path):
     prepared on a first run as the default is, not an own-data folder that was never prepared."""
     worker = (f"import sys\nsys.path.insert(0, {ROOT!r})\nimport train\n"
               "def stub(out_dir):\n    print('preparing', out_dir, flush=True)\n    raise ValueError('stub')\n"
-              "train.prepare_shakespeare_char = stub\ntrain.main(train.config_from_argv(train.TrainConfig))\n")
+              "train.prepare_default_corpus = stub\ntrain.main(train.config_from_argv(train.TrainConfig))\n")
     (tmp_path / "worker.py").write_text(worker)
     proc = subprocess.run([sys.executable, str(tmp_path / "worker.py"), "--device=cpu",
                            "--data_dir=data/shakespeare_char/"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                           timeout=120)
     assert "preparing data/shakespeare_char/" in proc.stdout and proc.stderr == "error: stub\n", proc.stderr
+
+
+def test_a_default_corpus_folder_that_cannot_be_made_is_one_line_naming_data_dir(tmp_path):
+    """train.py prepares the default corpus itself on a first run: where a file stands in the folder's place,
+    that was Python's "[Errno 17] File exists", and a full disk's line told train.py's user to pick another
+    --out_dir (prepare.py's flag, train.py's checkpoint folder)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shakespeare_char").write_text("not a folder")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--device=cpu"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == (
+        "error: cannot write to data_dir='data/shakespeare_char': data/shakespeare_char is not a directory; pick "
+        "another --data_dir\n"), proc.stderr
 
 
 @pytest.mark.parametrize("unwritable", [("metrics.jsonl", "loss.png"), ("loss.png",)], ids=["both", "picture"])
