@@ -29,9 +29,10 @@ from optim import schedule_reads_max_iters
 RESUME_FIELDS = {"model": dict, "optimizer": dict, "scaler": dict, "model_config": dict, "config": dict,
                  "tokenizer": dict, "iter_num": int, "best_val_loss": (int, float), "trained_seconds": (int, float),
                  "rng": dict}
-# and what it writes and reads back where it is there: the run's name (train.TrainState.run_id), which
-# checkpoints written before runs had names lack (None: one resumed from such a checkpoint)
-OPTIONAL_RESUME_FIELDS = {"run_id": (str, type(None))}
+# and what it writes and reads back where it is there, which older checkpoints lack: the run's name
+# (train.TrainState.run_id; None: a run resumed from a checkpoint without one), and meta.json's record of
+# the token files it trained on
+OPTIONAL_RESUME_FIELDS = {"run_id": (str, type(None)), "splits": dict}
 # settings whose "auto" or 0 train.py records as the run resolved it (train.as_run); a checkpoint written
 # before it did holds the auto or 0 itself, which does not say what that run used: not compared
 RESOLVED_SETTINGS = ("dtype", "gradient_accumulation_steps")
@@ -115,12 +116,13 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     return model
 
 
-def check_resumable(checkpoint, path, cfg, meta):
+def check_resumable(checkpoint, path, cfg, meta, splits=None):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
     trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
     the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
     the same command line must resume. Returns a note naming every other setting that changed since,
-    but NEUTRAL_SETTINGS ("" if none did), for train.py to print once every check has passed."""
+    but NEUTRAL_SETTINGS, and token files that changed (splits: meta.json's record of them), for
+    train.py to print once every check has passed ("" if nothing did)."""
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
@@ -147,6 +149,9 @@ def check_resumable(checkpoint, path, cfg, meta):
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
+    before = checkpoint.get("splits") or {}  # none in a checkpoint older than the record
+    changed += [f"{cfg.data_dir}'s {name}.bin {record.get('tokens', '?'):,} -> {(splits or {})[name]['tokens']:,} tokens"
+                for name, record in before.items() if name in (splits or {}) and record != splits[name]]
     return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
             "will not match an uninterrupted one") if changed else ""
 

@@ -186,7 +186,7 @@ def main(cfg):
             check_data(cfg, data)
             check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, head_size(cfg))
             if checkpoint is not None:
-                changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta)
+                changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
                 note = "\n".join(filter(None, [note, changed]))
             torch.manual_seed(cfg.seed)
             random.seed(cfg.seed)
@@ -294,7 +294,8 @@ def process_device(name, distributed, local_rank, processes_here):
     return f"cuda:{local_rank}"
 
 
-Data = collections.namedtuple("Data", "train val meta")  # token ids (memory-mapped), meta.json's tokenizer
+# token ids (memory-mapped), meta.json's tokenizer, and its record of the token files (their lengths)
+Data = collections.namedtuple("Data", "train val meta splits", defaults=[None])
 
 
 def load_data(cfg, setup):
@@ -312,7 +313,8 @@ def load_data(cfg, setup):
         if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
-    return Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta))
+    return Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta),
+                meta.get("splits", {}))
 
 
 def head_size(cfg):
@@ -621,7 +623,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
             break
         if signum:
             if not due:
-                save(state, cfg, data.meta, setup, stopped, final=True)  # written, or every rank has failed
+                save(state, cfg, data, setup, stopped, final=True)  # written, or every rank has failed
                 logger.saved()
             if setup.master:
                 again = [arg for arg in sys.argv[1:] if arg != "--init_from=resume"]  # a resumed run's says it once
@@ -656,7 +658,7 @@ def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, 
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])
-        saved = save(state, cfg, data.meta, setup, reason, final=final)
+        saved = save(state, cfg, data, setup, reason, final=final)
         logger.evaluation(state.iter_num, losses, elapsed, saved)
 
 
@@ -739,7 +741,7 @@ class StopRequest:
                 self.stdout.reconfigure(line_buffering=False)
 
 
-def save(state, cfg, meta, setup, reason, final=False):
+def save(state, cfg, data, setup, reason, final=False):
     """Every rank takes part (FSDP gathers the shards); rank 0 writes, and every rank learns whether it
     could (the return value). A failed write (a full disk, say) leaves the previous checkpoint as it was;
     training goes on unless it was the last."""
@@ -749,7 +751,8 @@ def save(state, cfg, meta, setup, reason, final=False):
     path, problem = ckpt_path(cfg.out_dir), None
     if setup.master:
         checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
-                      "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": meta,
+                      "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": data.meta,
+                      "splits": data.splits or {},
                       "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
                       "trained_seconds": state.clock.seconds(),
                       "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}

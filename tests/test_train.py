@@ -506,7 +506,7 @@ def test_another_rank_takes_out_dirs_checkpoint_for_its_runs_only_where_rank_0_w
     state = train.new_train_state(cfg, setup, GPT(train.model_config(cfg, data.meta["vocab_size"])), data.train)
     for rank_0_wrote in (False, True):
         monkeypatch.setattr(train, "gather", lambda mine: [rank_0_wrote, mine])
-        assert train.save(state, cfg, data.meta, setup, "evaluation") == rank_0_wrote
+        assert train.save(state, cfg, data, setup, "evaluation") == rank_0_wrote
         assert train.has_checkpoint(cfg, state) == rank_0_wrote
 
 
@@ -533,6 +533,22 @@ def test_a_stop_before_the_first_evaluation_leaves_out_dir_to_the_new_run(tmp_pa
     assert new["iter_num"] == 3
     assert [(r["iter"], r["run"]) for r in metrics(tmp_path)] == [(i, new["run_id"]) for i in (1, 2, 3)]
     assert (tmp_path / "loss.png").read_bytes() != earlier_picture
+
+
+def test_a_resume_names_token_files_prepared_again_since_the_checkpoint(tmp_path, launch):
+    """Its data folder prepared again from other text of the same characters (the nine plays where it had every
+    play, say): the resume went on without a word, where the README says it names what changed since."""
+    from data.prepare import prepare_char
+    data = tmp_path / "data"
+    prepare_char(TEXT, str(data))
+    args = [*TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--lr_decay_iters=8"]
+    check_ok(launch("train.py", *args, "--max_iters=2"))
+    same = check_ok(launch("train.py", *args, "--max_iters=3", "--init_from=resume"))
+    assert "note" not in same.stdout, same.stdout
+    prepare_char(TEXT * 2, str(data))  # the same characters, twice the text
+    again = check_ok(launch("train.py", *args, "--max_iters=4", "--init_from=resume"))
+    assert re.search(rf"^note: {re.escape(str(data))}'s train.bin [\d,]+ -> [\d,]+ tokens, {re.escape(str(data))}'s "
+                     r"val.bin [\d,]+ -> [\d,]+ tokens since the checkpoint", again.stdout, re.M), again.stdout
 
 
 def tiny_config(data_dir, out_dir, **overrides):
