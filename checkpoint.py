@@ -149,11 +149,16 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
-    before = checkpoint.get("splits") or {}  # none in a checkpoint older than the record
-    changed += [f"{cfg.data_dir}'s {name}.bin {record.get('tokens', '?'):,} -> {(splits or {})[name]['tokens']:,} tokens"
-                for name, record in before.items() if name in (splits or {}) and record != splits[name]]
+    before, now = checkpoint.get("splits") or {}, splits or {}  # none in a checkpoint older than the record
+    changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
+                for name in now if name in before and before[name] != now[name]]
     return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
             "will not match an uninterrupted one") if changed else ""
+
+
+def token_count(record):
+    """A token file's length as meta.json's record of it says, in words ("?" where a damaged one does not)."""
+    return f"{record['tokens']:,}" if isinstance(record, dict) and isinstance(record.get("tokens"), int) else "?"
 
 
 def trained_settings(checkpoint):
