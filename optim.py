@@ -49,6 +49,15 @@ def lr_multiplier(cfg, it, elapsed):
     return floor + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (1.0 - floor)
 
 
+def unused_schedule_settings(cfg):
+    """A note naming lr_decay_iters where it is set but not used: with max_seconds the decay follows the clock
+    (a config's iteration schedule run for a time, as bench/recipe.py runs nanoGPT's); "" otherwise."""
+    if cfg.max_seconds > 0 and cfg.lr_decay_iters:
+        return (f"note: lr_decay_iters={cfg.lr_decay_iters} is not used: with max_seconds={cfg.max_seconds:g} the "
+                "learning rate decays by the clock (--max_seconds=0 decays it by iterations)")
+    return ""
+
+
 def schedule_reads_max_iters(cfg):
     """Whether lr_multiplier's decay ends at max_iters: not where it follows the clock (max_seconds) or
     ends at lr_decay_iters; there max_iters is only where a run stops."""

@@ -43,7 +43,7 @@ from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, 
 from files import OutputThatMayClose, check_stdout
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
-from optim import Muon, configure_optimizers, lr_multiplier, set_lr
+from optim import Muon, configure_optimizers, lr_multiplier, set_lr, unused_schedule_settings
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
@@ -184,6 +184,7 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
+            note = "\n".join(filter(None, [note, unused_schedule_settings(cfg)]))
             check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, head_size(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
@@ -207,6 +208,8 @@ def main(cfg):
         if cfg.init_from == "resume" and setup.master:
             print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} "
                   f"at iteration {state.iter_num}" + ("" if cfg.eval_only or not note else f"\n{note}"))
+        elif note and setup.master and not cfg.eval_only:
+            print(note)
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))

@@ -1266,6 +1266,17 @@ def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
         load_config(TrainConfig, [toml(tmp_path, f"max_seconds = 1{'0' * 400}\n")])
 
 
+def test_an_iteration_decay_under_a_clock_schedule_is_named_as_unused(tmp_path, data_dir, capsys):
+    """--lr_decay_iters with max_seconds > 0 (the default 190): the clock drives the decay, and the setting
+    was ignored without a word. A config's iteration schedule run for a time stays allowed, with the note."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_seconds=60, max_iters=2, lr_decay_iters=500))
+    assert "note: lr_decay_iters=500 is not used: with max_seconds=60 the learning rate decays by the clock " \
+           "(--max_seconds=0 decays it by iterations)\n" in capsys.readouterr().out
+    train.main(tiny_config(data_dir, tmp_path / "b", compile=False, max_iters=2, lr_decay_iters=500))
+    assert "note" not in capsys.readouterr().out  # max_seconds=0: the decay ends at lr_decay_iters
+
+
 def test_the_decay_must_end_after_the_warm_up(TrainConfig):
     """In iterations (max_seconds=0); under max_seconds the schedule follows the clock and lr_decay_iters
     is not used, so it is not refused there."""
