@@ -16,8 +16,10 @@ def load_meta(data_dir):
     """The meta dict of a prepared data dir, checked to name a tokenizer this code has and its size."""
     path = os.path.join(data_dir, "meta.json")
     if not os.path.isfile(path):
-        raise ValueError(f"no meta.json in {data_dir}: it was never prepared or the preparation was "
-                         f"interrupted; run `{prepare_command(data_dir)}`")
+        why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
+               os.path.isfile(os.path.join(data_dir, "meta.pkl")) else
+               "it was never prepared or the preparation was interrupted")
+        raise ValueError(f"no meta.json in {data_dir}: {why}; run `{prepare_command(data_dir)}`")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)

@@ -363,6 +363,18 @@ def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, mo
         load_meta(data_dir)
 
 
+def test_a_folder_nanogpt_prepared_is_named_as_such(tmp_path, monkeypatch):
+    """nanoGPT's prepare scripts write train.bin, val.bin and meta.pkl: "never prepared" was not true of them."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "openwebtext").mkdir(parents=True)
+    for name in ("train.bin", "val.bin", "meta.pkl"):
+        (tmp_path / "data" / "openwebtext" / name).write_bytes(b"")
+    with pytest.raises(ValueError, match=r"^no meta.json in data/openwebtext: it was prepared by nanoGPT \(its "
+                                         r"meta.pkl\), whose files this code does not read; run `python data/prepare.py "
+                                         r"--dataset=Skylion007/openwebtext --out_dir=data/openwebtext`$"):
+        load_meta("data/openwebtext")
+
+
 def test_the_command_named_for_each_shakespeare_dir_prepares_that_dir(tmp_path, monkeypatch):
     from configurator import load_config
     from data.prepare import prepare, prepare_command
