@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
@@ -417,9 +418,12 @@ def new_train_state(cfg, setup, model, train_tokens):
     batch sampler, at iteration 0."""
     model.to(setup.device)
     if setup.fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
+        # over the training device's ranks: fully_shard's own default mesh is the machine's accelerator,
+        # a GPU even where --device=cpu trains on gloo
+        mesh = init_device_mesh(setup.device_type, (setup.world_size,))
         for block in model.transformer.h:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     optimizers = configure_optimizers(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
                                       (cfg.beta1, cfg.beta2), cfg.muon_lr, setup.device_type, setup.dtype)
     scaler = torch.amp.GradScaler(setup.device_type, enabled=setup.dtype == torch.float16)

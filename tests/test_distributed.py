@@ -98,6 +98,24 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
     assert_evaluates_as_one_process(out, single)
 
 
+def test_fsdp_shards_over_the_training_device_whatever_accelerator_the_machine_has(monkeypatch):
+    """fully_shard's own default mesh is the machine's accelerator's: on a GPU machine,
+    --device=cpu --parallelism=fsdp under torchrun put rank 1 on a GPU it lacked ("invalid device
+    ordinal"). The mesh is the training device's, here a CPU one on a machine that reports a GPU."""
+    import train
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = train.TrainConfig(optimizer="adamw", n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)
+        setup = train.Setup(0, 0, 1, distributed=True, fsdp=True, accumulation_steps=1, device="cpu",
+                            dtype=torch.float32)
+        state = train.new_train_state(cfg, setup, GPT(train.model_config(cfg, 32)), torch.arange(100).numpy())
+        meshes = {p.device_mesh.device_type for p in state.model.parameters()}
+    finally:
+        torch.distributed.destroy_process_group()
+    assert meshes == {"cpu"}
+
+
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
     data = torch.arange(1_000_000).numpy()
     one, *ranks = (Batches(data, 8, 4, seed=0, device="cpu") for _ in range(3))  # one process; two ranks
