@@ -17,6 +17,7 @@ import torch
 from checkpoint import ckpt_path
 from files import atomic_write
 from hardware import BusyCheck, dtype_name, peak_flops
+from model import whole_number
 
 
 class TrainingLog:
@@ -243,7 +244,7 @@ def read_metrics(path, until=None):
                 except ValueError:
                     continue
                 it = record.get("iter") if isinstance(record, dict) else None
-                if isinstance(it, int) and not isinstance(it, bool) and (until is None or it <= until):
+                if whole_number(it) and (until is None or it <= until):
                     records.append(record)  # a record without a whole iteration number is damaged: skipped
     except (OSError, UnicodeDecodeError):  # none there, or not a readable file (a directory, say)
         pass
