@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import tokenizer_from_meta
-from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories
+from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
 
@@ -232,7 +232,8 @@ def tokenizer_difference(trained, data):
 def check_out_dir(out_dir, resuming, overwrite):
     """Before training, not after hours of it: a new run does not destroy a trained checkpoint
     unless told to, out_dir can be written (a 1 MiB probe: not full, not read-only), and it is
-    this run's alone (lock_out_dir)."""
+    this run's alone (lock_out_dir). Directories made here go again with the lock where the run
+    leaves them empty (stopped before its first save)."""
     path = ckpt_path(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder; pick another --out_dir")
@@ -243,7 +244,7 @@ def check_out_dir(out_dir, resuming, overwrite):
                          "--out_dir, or start again in this one with --overwrite=true")
     probe = os.path.join(out_dir, f".write-test{os.getpid()}")
     try:
-        with new_directories(out_dir):  # a failed probe leaves no empty out_dir behind
+        with new_directories(out_dir) as made:  # a failed probe leaves no empty out_dir behind
             try:
                 with open(probe, "wb") as f:
                     f.write(bytes(1 << 20))
@@ -255,13 +256,13 @@ def check_out_dir(out_dir, resuming, overwrite):
     except OSError as e:
         raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
                          "or free some space") from None
-    lock_out_dir(out_dir)
+    lock_out_dir(out_dir, made)
 
 
-HELD_LOCKS = {}  # out_dir -> the open file descriptor of its .lock, while this process holds it
+HELD_LOCKS = {}  # out_dir -> (the open file descriptor of its .lock, the directories made for it), while held
 
 
-def lock_out_dir(out_dir):
+def lock_out_dir(out_dir, made=()):
     """Claim out_dir for this process, so that two runs never share it: an exclusive flock on
     out_dir/.lock, taken in one atomic step and released by the kernel when the process ends,
     however it ends (a killed run leaves no lock to take over). The file names the host and process
@@ -284,18 +285,20 @@ def lock_out_dir(out_dir):
         os.close(fd)
     os.ftruncate(fd, 0)
     os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
-    HELD_LOCKS[out_dir] = fd
+    HELD_LOCKS[out_dir] = fd, made
 
 
 def unlock_out_dir(out_dir):
-    """Give out_dir back, if this process holds it: the file goes first, then the flock."""
-    fd = HELD_LOCKS.pop(out_dir, None)
+    """Give out_dir back, if this process holds it: the file goes first, then the flock, then the
+    directories made for it if the run left nothing in them."""
+    fd, made = HELD_LOCKS.pop(out_dir, (None, ()))
     if fd is not None:
         try:
             os.remove(os.path.join(out_dir, ".lock"))
         except FileNotFoundError:  # out_dir was removed under the run
             pass
         os.close(fd)
+        remove_empty_directories(made)
 
 
 def read_lock(path):

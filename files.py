@@ -64,21 +64,27 @@ def process_alive(pid):
 
 @contextlib.contextmanager
 def new_directories(path):
-    """os.makedirs(path) for the block; where the block raises (a probe that finds the disk full, a run
-    stopped halfway), the directories made here are removed again: not those that already were, nor
-    one in which something else has since put a file."""
+    """os.makedirs(path) for the block, which gets the directories made, deepest first; where the block
+    raises (a probe that finds the disk full, a run stopped halfway), they are removed again
+    (remove_empty_directories)."""
     made, parent = [], path
     while parent and not os.path.lexists(parent):  # the directories this makes, deepest first
         made.append(parent)
         parent = os.path.dirname(parent)
     try:
         os.makedirs(path, exist_ok=True)
-        yield
+        yield made
     except BaseException:
-        for directory in made:
-            with contextlib.suppress(OSError):  # not empty: what is in it is kept
-                os.rmdir(directory)
+        remove_empty_directories(made)
         raise
+
+
+def remove_empty_directories(directories):
+    """Remove each of these directories, deepest first, that is empty: not one in which something has
+    since put a file."""
+    for directory in directories:
+        with contextlib.suppress(OSError):  # not empty: what is in it is kept
+            os.rmdir(directory)
 
 
 def check_writable(path):

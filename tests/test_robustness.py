@@ -772,7 +772,8 @@ def test_a_closed_stdout_is_one_line_before_anything_is_written(tmp_path, data_d
 @pytest.mark.parametrize("script", ["train.py", "eval_only", "sample.py"])
 def test_a_full_stdout_before_training_is_one_line(tmp_path, data_dir, trained, script):
     """python train.py > file on a full disk (sample.py, or an evaluation alone): an OSError's traceback;
-    before training there is nothing to save, so the run ends in one line, not 0 (eval_only's was 0)."""
+    before training there is nothing to save, so the run ends in one line, not 0 (eval_only's was 0), and
+    leaves no empty out_dir behind."""
     args = {"train.py": ["train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}"],
             "eval_only": ["train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={trained}", "--init_from=resume",
                           "--eval_only=true"],
@@ -783,6 +784,7 @@ def test_a_full_stdout_before_training_is_one_line(tmp_path, data_dir, trained, 
     what = "the samples " if script == "sample.py" else ""
     assert proc.returncode == 1 and proc.stderr == f"error: could not write {what}to stdout: No space left on " \
                                                    "device\n", proc.stderr
+    assert script != "train.py" or not (tmp_path / "out").exists()
 
 
 def test_a_stdout_that_fills_up_while_training_stops_the_run_after_a_save(tmp_path, data_dir):
