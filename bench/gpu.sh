@@ -110,7 +110,7 @@ if [ "$RUN_BENCH" = 1 ]; then
   step train-compile 200 "$PY" bench/train.py $COMPILE_ARGS $DEV --dtype=bfloat16 --attention=flash \
     --out="$RES/train-compile-cuda.json"
 fi
-step pytest 330 "$PY" -m pytest "${PYTEST_ARGS[@]}"
+step pytest 360 "$PY" -m pytest "${PYTEST_ARGS[@]}"
 if [ "$RUN_BENCH" = 1 ]; then
   step attention 120 "$PY" bench/attention.py $DEV $ATT_ARGS --out="$RES/attention-cuda.json"
   step train-attention 100 "$PY" bench/train.py $ATTENTION_ARGS $DEV --dtype=bfloat16 --compile=false \
