@@ -19,6 +19,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
+from configurator import first_line
 from data.tokenizer import tokenizer_from_meta
 from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
@@ -62,7 +63,7 @@ def save_checkpoint(state, path):
         atomic_write(path, lambda f: torch.save(state, f))
     except RuntimeError as e:  # torch's zip writer reports a failed write (a full disk) this way
         cause = e.__context__ if isinstance(e.__context__, OSError) else None
-        raise OSError(getattr(cause, "errno", None), cause.strerror if cause else str(e).splitlines()[0]) from e
+        raise OSError(getattr(cause, "errno", None), cause.strerror if cause else first_line(e)) from e
 
 
 def load_checkpoint(path):
@@ -88,8 +89,8 @@ def load_checkpoint(path):
         detail = next((line for line in lines if "WeightsUnpickler error:" in line), lines[0] if lines else "")
         raise ValueError(f"{path} is corrupt and cannot be loaded ({detail})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise ValueError(f"{path} is truncated or corrupt and cannot be loaded ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+        raise ValueError(f"{path} is truncated or corrupt and cannot be loaded "
+                         f"({first_line(e, with_type=True)})") from None
 
 
 def clean_state_dict(state_dict):

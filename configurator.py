@@ -39,6 +39,20 @@ def fail(message, status=2):
     sys.exit(status)
 
 
+def first_line(error, with_type=False):
+    """An exception's message as one line for a user: its first line, after its type's name if asked;
+    its type's name alone where it says nothing (a bare assert)."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if with_type else lines[0]
+
+
+def whole_number(x):
+    """An int that is not a bool (True is an int to Python, not a count to a user)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def type_name(tp):
     if typing.get_origin(tp) is typing.Literal:
         return " | ".join(repr(c) for c in typing.get_args(tp))

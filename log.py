@@ -15,9 +15,9 @@ from dataclasses import asdict
 import torch
 
 from checkpoint import ckpt_path
+from configurator import whole_number
 from files import atomic_write
 from hardware import BusyCheck, dtype_name, peak_flops
-from model import whole_number
 
 
 class TrainingLog:

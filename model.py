@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, dropout
+from configurator import first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
 from files import load_torch_file
 
@@ -306,11 +307,6 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens=None):
         raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
 
 
-def whole_number(x):
-    """An int that is not a bool (True is an int to Python, not a count to a user)."""
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
     softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p.
@@ -400,12 +396,12 @@ def hf_config(directory):
         with open(path, encoding="utf-8") as f:
             hf = json.load(f)
     except ValueError as e:  # not JSON, or not UTF-8
-        raise ValueError(f"{path} is damaged ({str(e).splitlines()[0]}); download the model again") from None
+        raise ValueError(f"{path} is damaged ({first_line(e)}); download the model again") from None
     shape = ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd")
     missing = [k for k in shape if k not in hf] if isinstance(hf, dict) else list(shape)
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it is not a GPT-2 config")
-    wrong = [f"{k}={hf[k]!r}" for k in shape if not isinstance(hf[k], int) or isinstance(hf[k], bool)]
+    wrong = [f"{k}={hf[k]!r}" for k in shape if not whole_number(hf[k])]
     if wrong:
         raise ValueError(f"{path} is damaged ({', '.join(wrong)}: these are whole numbers in GPT-2's config); "
                          "download the model again")
@@ -454,8 +450,8 @@ def read_weights(path, load):
     try:
         tensors = load(path)
     except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
-        raise ValueError(f"{path} cannot be read as weights ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); download the model again") from None
+        raise ValueError(f"{path} cannot be read as weights ({first_line(e, with_type=True)}); "
+                         "download the model again") from None
     if not isinstance(tensors, dict):
         raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
     name, value = next(((k, v) for k, v in tensors.items() if not isinstance(v, torch.Tensor)), (None, None))

@@ -21,7 +21,7 @@ from attention import Backend, check_backend
 from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
 from checkpoint import (check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint,
                         model_from_checkpoint)
-from configurator import config_from_argv, fail
+from configurator import config_from_argv, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu
@@ -207,7 +207,7 @@ def compile_and_warm_up(model, ids, cfg):
             model.generate(torch.tensor([prompt] * cfg.num_samples, device=device), 2, temperature=0,
                            use_kv_cache=cfg.use_kv_cache)
     except Exception as e:  # inductor's errors have many types: no C++ compiler, an unsupported op, ...
-        fail(f"--compile=true: torch.compile failed here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+        fail(f"--compile=true: torch.compile failed here ({first_line(e, with_type=True)[:200]}); "
              "sample with --compile=false", status=1)
 
 

@@ -34,7 +34,7 @@ from attention import check_backend
 from checkpoint import (check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields, ckpt_path,
                         load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
                         torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import config_from_argv, fail
+from configurator import config_from_argv, fail, first_line
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -495,7 +495,7 @@ def resume_state(state, checkpoint, path, setup, cfg):
         set_rng_state(checkpoint["rng"], state.batches.generator, setup.rank)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError,
             AttributeError) as e:  # fields of the wrong shape
-        raise ValueError(f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e!r}): "
+        raise ValueError(f"{path} is damaged ({first_line(e, with_type=True)}): "
                          "resume cannot continue from it; start a new run") from None
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
@@ -540,8 +540,7 @@ def compile_model(model, cfg, setup, optimizers):
         if ran_out_of_memory(e):  # not the compiler's failure: training uncompiled would need more memory
             raise
         if setup.master:
-            why = (str(e).strip().splitlines() or [""])[0][:200]
-            print(f"note: torch.compile failed ({type(e).__name__}: {why}); training uncompiled "
+            print(f"note: torch.compile failed ({first_line(e, with_type=True)[:200]}); training uncompiled "
                   "(--compile=false skips the attempt)")
         return model
     finally:

@@ -17,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from configurator import ConfigError, fail, load_config
+from configurator import ConfigError, fail, first_line, load_config
 from files import atomic_write, check_writable
 from hardware import cpu_class, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
@@ -264,7 +264,7 @@ def fmt(x, spec=".1f", none="-"):
 def failure(e, doing=""):
     """An exception as one short line for a result's "message": its type, what was being done, and
     the first line of what it says."""
-    return f"{type(e).__name__}{doing}: {(str(e).splitlines() or [''])[0]}"[:300]
+    return f"{type(e).__name__}{doing}: {first_line(e)}"[:300]
 
 
 def holds_or_not(holds):

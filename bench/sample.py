@@ -60,6 +60,7 @@ from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_tab
                              profiled, resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary,
                              timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from configurator import first_line
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR
 from hardware import DType, dtype_name
@@ -132,8 +133,8 @@ def build_model(cfg):
             if cfg.block_size and cfg.block_size != model.config.block_size:
                 model.crop_block_size(cfg.block_size)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            fail(f"{cfg.out_dir}/ckpt.pt: {str(e).splitlines()[0]}")
-        return model, f"checkpoint {cfg.out_dir}/ckpt.pt"
+            fail(f"{ckpt_path(cfg.out_dir)}: {first_line(e)}")
+        return model, f"checkpoint {ckpt_path(cfg.out_dir)}"
     vocab = cfg.vocab_size
     if not vocab:
         data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import torch
 
+from configurator import first_line, whole_number
 from data.prepare import TOKEN_DTYPE, prepare_command
 from data.tokenizer import tokenizer_from_meta
 
@@ -23,15 +24,15 @@ def load_meta(data_dir):
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int)):
+        if not (isinstance(meta, dict) and whole_number(meta.get("vocab_size"))):
             raise ValueError("it is not a JSON object with an integer vocab_size")
         tokenizer_from_meta(meta)  # names a tokenizer this code has, and is whole
         splits = meta.get("splits", {})
         if not (isinstance(splits, dict) and all(isinstance(r, dict) and all(
-                isinstance(r.get(k), int) for k in ("tokens", "largest_id")) for r in splits.values())):
+                whole_number(r.get(k)) for k in ("tokens", "largest_id")) for r in splits.values())):
             raise ValueError("its splits are not {name: {tokens, largest_id}} with integer values")
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
-        why = f"it has no {e} field" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        why = f"it has no {e} field" if isinstance(e, KeyError) else first_line(e)
         raise ValueError(f"{path} is damaged ({why}); prepare the data again with `{prepare_command(data_dir)}`") from None
     return meta
 

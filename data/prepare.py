@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; the repository's modules live one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configurator import config_from_argv, fail  # noqa: E402 - after the sys.path fix above
+from configurator import config_from_argv, fail, first_line  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (atomic_write, check_text_file, clear_stale_temporaries, new_directories,  # noqa: E402
@@ -272,8 +272,6 @@ def load_text_dataset(dataset, cache_dir=None):
         _check_hub_reachable(dataset)
         return datasets.load_dataset(dataset, cache_dir=cache_dir)
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
-        def first_line(err):
-            return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         why = first_line(e) + (f" ({first_line(e.__cause__)})" if e.__cause__ is not None else "")
         raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
     finally:

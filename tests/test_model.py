@@ -894,6 +894,21 @@ def test_compile_warms_up_every_shape_that_sampling_then_meets(sampling_out_dir,
     assert len(shapes) == 40 and set(shapes) <= warmed_up, (set(shapes) - warmed_up, warmed_up)
 
 
+def test_a_compile_that_fails_without_a_message_is_one_line(sampling_out_dir, monkeypatch, capsys):
+    """Inductor's bare asserts raise an AssertionError that says nothing: sample.py's line about the
+    failed compile took the first line of an empty message, an IndexError's traceback."""
+    import sample
+    cfg = sample.SampleConfig(out_dir=str(sampling_out_dir), device="cpu", compile=True)
+    model, tokenizer = sample.load_model(cfg)
+    monkeypatch.setattr(sample, "compile_for_decoding", lambda model: None)
+    monkeypatch.setattr(model, "generate", lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError()))
+    with pytest.raises(SystemExit) as exit:
+        sample.compile_and_warm_up(model, tokenizer.encode("All"), cfg)
+    assert exit.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: --compile=true: torch.compile failed here (AssertionError); sample with --compile=false")
+
+
 # --------------------------------------------------------------------------- configuration
 
 

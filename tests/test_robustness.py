@@ -1178,6 +1178,9 @@ CASES = [
          lambda c: ["init_from='gpt2'", "BPE", "char"]),
     Case("meta-not-json", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text("{no"))),
          lambda c: [str(c.dir / "data" / "meta.json"), "damaged"]),
+    Case("meta-vocab_size-a-bool", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
+        json.dumps({**json.loads((d / "meta.json").read_text()), "vocab_size": True})))),
+         lambda c: [str(c.dir / "data" / "meta.json"), "damaged", "integer vocab_size"]),
     Case("meta-unknown-tokenizer", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
         '{"tokenizer": "sentencepiece", "vocab_size": 100}'))), lambda c: [str(c.dir / "data" / "meta.json"),
                                                                            "sentencepiece"]),
