@@ -46,6 +46,9 @@ NEUTRAL_SETTINGS = ("out_dir", "init_from", "overwrite", "eval_only", "eval_inte
                     "parallelism", "seed")
 
 
+OUT_DIR = "out"  # train.py's out_dir, and so where sample.py looks, unless told otherwise
+
+
 def ckpt_path(out_dir):
     return os.path.join(out_dir, "ckpt.pt")
 

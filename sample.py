@@ -19,8 +19,8 @@ import torch
 
 from attention import Backend, check_backend
 from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
-from checkpoint import (check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems, load_checkpoint,
-                        model_from_checkpoint)
+from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
+                        load_checkpoint, model_from_checkpoint)
 from configurator import config_from_argv, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
@@ -36,7 +36,7 @@ PAGE_NEW_TOKENS = 128
 
 @dataclass
 class SampleConfig:
-    out_dir: str = "out"  # where train.py wrote ckpt.pt
+    out_dir: str = OUT_DIR  # where train.py wrote ckpt.pt
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
     start: str = "\n"  # the prompt (a newline unless given; in bash $'...' writes one: --start=$'ROMEO:\n'), or FILE:path
     num_samples: int = 2  # how many samples, drawn together as one batch

@@ -31,8 +31,8 @@ from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields, ckpt_path,
-                        load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
+from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
+                        ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
                         torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail, first_line
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
@@ -63,7 +63,7 @@ class TrainConfig(GPTConfig):
     norm: Norm = "rmsnorm"  # normalisation before attention, MLP and head; RMSNorm: no centring, fewer ops
     activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2: cheaper than GELU, as good or better in 190 s
     # I/O
-    out_dir: str = "out"  # where ckpt.pt, metrics.jsonl and loss.png go
+    out_dir: str = OUT_DIR  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
     init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
     overwrite: bool = False  # a new run may replace out_dir's trained checkpoint, at its first save (else it refuses)
@@ -98,6 +98,8 @@ class TrainConfig(GPTConfig):
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337  # for the weights, the batches and dropout
 
+    OWN_STARTS = ("scratch", "resume")  # init_from's starts of train.py's own; any other names GPT-2 weights
+
     def __post_init__(self):
         for name in ("batch_size", "eval_interval", "eval_iters", "log_interval"):
             if getattr(self, name) < 1:
@@ -122,8 +124,13 @@ class TrainConfig(GPTConfig):
                              f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
                              "or to 0 to decay until max_iters")
         check_threads(self.threads)
-        check_init_from(self.init_from, own=("scratch", "resume"))
+        check_init_from(self.init_from, own=self.OWN_STARTS)
         check_model_settings(self)
+
+    @property
+    def from_weights(self):
+        """init_from names GPT-2's weights (a hub name or a local folder) to start from."""
+        return self.init_from not in self.OWN_STARTS
 
 
 # n_embd=0's width: 128, or 96 on a CPU without bf16 instructions. Such a CPU trains in fp32 at about a
@@ -324,7 +331,7 @@ def load_data(cfg, setup):
 def head_size(cfg):
     """The heads' size of the model cfg trains, where cfg decides it; None for GPT-2's weights, whose
     shape is theirs (heads of 64 in every size)."""
-    return cfg.n_embd // cfg.n_head if cfg.init_from in ("scratch", "resume") else None
+    return None if cfg.from_weights else cfg.n_embd // cfg.n_head
 
 
 def check_data(cfg, data):
@@ -336,12 +343,12 @@ def check_data(cfg, data):
     if cfg.vocab_size and cfg.vocab_size < data.meta["vocab_size"]:
         raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the {data.meta['vocab_size']} tokens of "
                          f"{cfg.data_dir}; use --vocab_size=0 for the data's own")
-    if cfg.init_from not in ("scratch", "resume"):
+    if cfg.from_weights:
         check_not_an_out_dir(cfg.init_from)
-    if cfg.init_from not in ("scratch", "resume") and data.meta["tokenizer"] != "gpt2":
-        raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
-                         f"holds {data.meta['tokenizer']} tokens; prepare it with "
-                         "`python data/prepare.py --tokenizer=gpt2 ...`")
+        if data.meta["tokenizer"] != "gpt2":
+            raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
+                             f"holds {data.meta['tokenizer']} tokens; prepare it with "
+                             "`python data/prepare.py --tokenizer=gpt2 ...`")
 
 
 def load_resume_point(cfg):
