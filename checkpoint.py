@@ -313,10 +313,10 @@ def read_lock(path):
         return ""
 
 
-def torch_rng_state():
+def torch_rng_state(device_type):
     """This process's torch generators, which dropout draws from: the CPU's, and its CUDA device's
-    (an empty tensor without one)."""
-    return torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.empty(0)
+    where it trains on one (else an empty tensor: a CPU run on a GPU machine leaves the GPU alone)."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state() if device_type == "cuda" else torch.empty(0)
 
 
 def rng_state(generator, torch_states):
@@ -330,13 +330,14 @@ def rng_state(generator, torch_states):
             "batches": generator.get_state()}
 
 
-def set_rng_state(state, generator, rank):
+def set_rng_state(state, generator, rank, device_type):
     """Put back what rng_state saved; rank's own torch generators (a run resumed on other ranks than
-    it was saved from cannot continue exactly: each takes a saved rank's, in turn)."""
+    it was saved from cannot continue exactly: each takes a saved rank's, in turn), its CUDA device's
+    where it trains on one."""
     random.setstate(state["python"])
     cpu, cuda = (states if isinstance(states, list) else [states] for states in (state["torch"], state["cuda"]))
     torch.set_rng_state(cpu[rank % len(cpu)])
-    if cuda and cuda[rank % len(cuda)].numel() and torch.cuda.is_available():
+    if cuda and cuda[rank % len(cuda)].numel() and device_type == "cuda":
         torch.cuda.set_rng_state(cuda[rank % len(cuda)])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))

@@ -499,7 +499,7 @@ def resume_state(state, checkpoint, path, setup, cfg):
             for group, setting in zip(optimizer.param_groups, groups):
                 group.update(setting)
         state.scaler.load_state_dict(checkpoint["scaler"])
-        set_rng_state(checkpoint["rng"], state.batches.generator, setup.rank)
+        set_rng_state(checkpoint["rng"], state.batches.generator, setup.rank, setup.device_type)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError,
             AttributeError) as e:  # fields of the wrong shape
         raise ValueError(f"{path} is damaged ({first_line(e, with_type=True)}): "
@@ -760,7 +760,7 @@ def save(state, cfg, data, setup, reason, final=False):
     training goes on unless it was the last."""
     model_state = get_model_state_dict(state.model, options=setup.state_options)
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
-    torch_states = gather(torch_rng_state())  # each rank's dropout generators
+    torch_states = gather(torch_rng_state(setup.device_type))  # each rank's dropout generators
     path, problem = ckpt_path(cfg.out_dir), None
     if setup.master:
         checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),

@@ -1875,6 +1875,25 @@ def test_a_run_resumes_with_its_vocabulary_given_as_a_number(tmp_path, data_dir)
     assert resumed.config.vocab_size == vocab and load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 3
 
 
+def test_a_cpu_run_on_a_gpu_machine_leaves_the_gpu_alone(tmp_path, data_dir, monkeypatch):
+    """--device=cpu where torch sees a GPU: each save read the GPU's generator and a resume set it, so
+    a GPU busy with another job lost the run at its first save in a traceback, and made a resume call
+    a sound checkpoint damaged."""
+    import train
+
+    def busy(*args, **kwargs):
+        raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", busy)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", busy)
+    first = TrainConfig(device="cpu", dtype="float32", max_seconds=0, max_iters=2, n_layer=1, n_head=2, n_embd=16,
+                        block_size=8, batch_size=2, eval_iters=1, compile=False, data_dir=str(data_dir),
+                        out_dir=str(tmp_path))
+    train.main(first)
+    train.main(TrainConfig(**{**asdict(first), "init_from": "resume", "max_iters": 3}))
+    assert load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 3
+
+
 def test_eval_only_writes_no_cpu_peak(tmp_path, data_dir, monkeypatch):
     """eval_only writes nothing, not even the measured CPU peak that only training's MFU needs."""
     import hardware
