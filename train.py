@@ -294,6 +294,9 @@ def process_device(name, distributed, local_rank, processes_here):
         raise ValueError(f"device={name} names one GPU, but under torchrun each process takes its local "
                          "rank's; give --device=cuda (and CUDA_VISIBLE_DEVICES=... to choose the GPUs)")
     device = pick_device(name)
+    if distributed and device == "mps":  # torchrun's CPU backend, gloo, carries CPU and CUDA tensors only
+        raise ValueError("under torchrun this machine's GPU (mps) cannot exchange gradients; "
+                         "train on its CPUs with --device=cpu, or with plain `python train.py` on the GPU")
     if device != "cuda":
         return device
     if not distributed:
@@ -571,11 +574,10 @@ def evaluation_batches(model, data, cfg, setup):
         model(x, y)  # the first call of a shape costs extra
         started = time.time()
         model(x, y)[1].item()
-        seconds = torch.tensor(time.time() - started, dtype=torch.float64, device=setup.device)
+        seconds = time.time() - started
     model.train()
-    if setup.distributed:
-        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
-    rounds = max(1, int(EVAL_SHARE * cfg.max_seconds / (2 * seconds.item())))  # forwards per rank and split
+    seconds = max(gather(seconds))  # a plain number: no float64 on the device, which MPS lacks
+    rounds = max(1, int(EVAL_SHARE * cfg.max_seconds / (2 * seconds)))  # forwards per rank and split
     n_batches = min(cfg.eval_iters, rounds * setup.world_size)
     if n_batches < cfg.eval_iters and setup.master:
         print(f"note: an evaluation of 2 x {cfg.eval_iters} batches would take "

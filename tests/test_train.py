@@ -1002,6 +1002,34 @@ def test_a_gpu_is_always_named_with_its_index(monkeypatch):
     assert train.process_device("cpu", distributed=True, local_rank=1, processes_here=2) == "cpu"
 
 
+def test_an_apple_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
+    """gloo, torchrun's backend off CUDA, carries no MPS tensors: DDP's first exchange was a traceback."""
+    import train
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert train.process_device("auto", distributed=False, local_rank=0, processes_here=1) == "mps"
+    for name in ("auto", "mps"):
+        with pytest.raises(ValueError, match=r"under torchrun this machine's GPU \(mps\) cannot exchange gradients; "
+                                             r"train on its CPUs with --device=cpu"):
+            train.process_device(name, distributed=True, local_rank=0, processes_here=2)
+    assert train.process_device("cpu", distributed=True, local_rank=0, processes_here=2) == "cpu"
+
+
+def test_a_timed_run_makes_no_float64_tensor_which_apple_gpus_lack(tmp_path, data_dir, monkeypatch):
+    """Under max_seconds, the evaluation's timing made a float64 tensor on the training device: on MPS,
+    which has no float64, every default `python train.py` ended in a traceback before training."""
+    import train
+    tensor = torch.tensor
+
+    def as_mps(*args, **kwargs):
+        if kwargs.get("dtype") == torch.float64:
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        return tensor(*args, **kwargs)
+    monkeypatch.setattr(torch, "tensor", as_mps)
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_seconds=30))
+    assert load(tmp_path / "ckpt.pt")["iter_num"] == 3
+
+
 @pytest.mark.parametrize("local_rank", [0, 1])
 def test_torchrun_with_more_processes_than_gpus_is_one_line_on_every_rank(monkeypatch, local_rank):
     """As on a machine with one GPU, torchrun --nproc_per_node=2: every rank says so, before any of them
