@@ -89,6 +89,8 @@ def main(cfg):
     try:
         check_stdout()
         device = pick_device(cfg.device)
+        if device.startswith("cuda:"):  # the GPU that dtype=auto and the attention backends ask about
+            torch.cuda.set_device(device)
         set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False,

@@ -268,6 +268,9 @@ def set_up(cfg):
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
     device = process_device(cfg.device, distributed, local_rank, processes_here)
+    if device.startswith("cuda"):  # first: dtype=auto and the attention backends ask the current GPU
+        torch.cuda.set_device(device)
+        enable_tf32()
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
     set_up_cpu(cfg.threads, processes_here)
     fsdp = distributed and cfg.parallelism == "fsdp"
@@ -278,9 +281,6 @@ def set_up(cfg):
     if accumulation_steps % world_size:
         raise ValueError(f"gradient_accumulation_steps={accumulation_steps} must be a multiple of the number of "
                          f"processes ({world_size}), or 0 for one micro-batch per process")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-        enable_tf32()
     if distributed:
         die_with_launcher()
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")

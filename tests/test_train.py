@@ -1002,6 +1002,20 @@ def test_a_gpu_is_always_named_with_its_index(monkeypatch):
     assert train.process_device("cpu", distributed=True, local_rank=1, processes_here=2) == "cpu"
 
 
+def test_dtype_auto_asks_the_gpu_the_run_trains_on(monkeypatch):
+    """torch.cuda.is_bf16_supported asks the current GPU: dtype=auto was picked before set_device, so on
+    a machine whose GPU 0 is a V100 and GPU 1 an A100, --device=cuda:1 trained in fp16 with a scaler."""
+    import train
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, torch.device(device).index))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: current[0] == 1)
+    assert train.set_up(train.TrainConfig(device="cuda:1")).dtype == torch.bfloat16
+    assert train.set_up(train.TrainConfig(device="cuda:0")).dtype == torch.float16
+
+
 def test_an_apple_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
     """gloo, torchrun's backend off CUDA, carries no MPS tensors: DDP's first exchange was a traceback."""
     import train
