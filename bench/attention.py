@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 
 import attention as attn_mod
-from attention import BACKENDS, MultiHeadAttention, check_backend
+from attention import BACKENDS, HOPPER, MultiHeadAttention, check_backend
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
 from hardware import pick_threads, ran_out_of_memory
@@ -210,7 +210,7 @@ def available_backends(cfg, device):
             check_backend(extra, kind, dtype, 0.0)
         except ValueError:
             continue
-        if extra == "fa3" and torch.cuda.get_device_capability(device)[0] < 9:
+        if extra == "fa3" and torch.cuda.get_device_capability(device)[0] != HOPPER:
             continue
         names.append(extra)
     return names

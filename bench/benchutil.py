@@ -146,8 +146,11 @@ def print_machine(info):
 
 
 def sync(device):
+    """Wait for the GPU's queued work, so that a timer around it times the work, not its launch."""
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
+    elif device.startswith("mps"):
+        torch.mps.synchronize()
 
 
 def timed(fn, device, inner=1):

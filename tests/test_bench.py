@@ -22,6 +22,17 @@ def run_bench(launch, script, out, *args):
         return json.load(f)
 
 
+@pytest.mark.parametrize("device, waited_for", [("cuda:0", "cuda"), ("mps", "mps"), ("cpu", None)])
+def test_timers_wait_for_the_gpu_they_time(monkeypatch, device, waited_for):
+    """A GPU queues work and returns: timed without a wait, an Apple GPU's step measured its launches."""
+    from bench import benchutil
+    waits = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append("cuda"))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: waits.append("mps"))
+    benchutil.sync(device)
+    assert waits == ([waited_for] if waited_for else [])
+
+
 def test_attention_bench_times_every_backend(launch, tmp_path):
     result = run_bench(launch, "bench/attention.py", tmp_path / "a.json", "--seq_lens=32,64", "--n_embd=32",
                        "--n_head=2", "--repeats=1", "--min_sample_s=0", "--dtype=bfloat16", "--memory=false")
