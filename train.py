@@ -36,7 +36,7 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resu
                         torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import config_from_argv, fail, first_line
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, prepare_default_corpus
+from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
@@ -314,7 +314,7 @@ Data = collections.namedtuple("Data", "train val meta splits", defaults=[None])
 
 def load_data(cfg, setup):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
-    missing = not os.path.exists(os.path.join(cfg.data_dir, "meta.json"))
+    missing = not os.path.exists(meta_path(cfg.data_dir))
     try:
         if os.path.normpath(cfg.data_dir) == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
@@ -327,7 +327,7 @@ def load_data(cfg, setup):
         if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
-    return Data(*(open_split(cfg.data_dir, split, meta) for split in ("train", "val")), tokenizer_meta(meta),
+    return Data(*(open_split(cfg.data_dir, split, meta) for split in SPLITS), tokenizer_meta(meta),
                 meta.get("splits", {}))
 
 
@@ -581,7 +581,7 @@ def evaluation_batches(model, data, cfg, setup):
     n_batches = min(cfg.eval_iters, rounds * setup.world_size)
     if n_batches < cfg.eval_iters and setup.master:
         print(f"note: an evaluation of 2 x {cfg.eval_iters} batches would take "
-              f"~{2 * -(-cfg.eval_iters // setup.world_size) * seconds.item():.0f} s, more than {EVAL_SHARE:.0%} of "
+              f"~{2 * -(-cfg.eval_iters // setup.world_size) * seconds:.0f} s, more than {EVAL_SHARE:.0%} of "
               f"max_seconds={cfg.max_seconds:g}; each evaluation takes 2 x {n_batches} (--eval_iters asks for fewer, "
               "--max_seconds=0 for all)")
     return n_batches

@@ -62,7 +62,7 @@ from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_tab
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import first_line
 from data.loader import load_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR
+from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, dtype_name
 from model import GPT
 from sample import compile_for_decoding
@@ -138,7 +138,7 @@ def build_model(cfg):
     vocab = cfg.vocab_size
     if not vocab:
         data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)
-        vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(os.path.join(data_dir, "meta.json")) else 65
+        vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(meta_path(data_dir)) else 65
     try:
         config = model_config(TrainConfig(), vocab, block_size=cfg.block_size, n_layer=cfg.n_layer,
                               n_head=cfg.n_head, n_embd=cfg.n_embd,

@@ -49,7 +49,7 @@ from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, 
                              summary, timed, top_ops, write_json)
 from configurator import ConfigError, load_config
 from data.loader import load_meta
-from data.prepare import TOKEN_DTYPE
+from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
 from hardware import DType, dtype_name, enable_tf32, peak_flops, pick_dtype
 from model import GPT, Activation
@@ -138,8 +138,8 @@ def vocab_size(cfg, tcfg):
     if tcfg.vocab_size:  # train.py's own setting: the data's vocabulary, padded
         return tcfg.vocab_size, f"vocab_size in {cfg.config}"
     data_dir = os.path.join(ROOT, tcfg.data_dir)  # an absolute data_dir stays as it is
-    if os.path.exists(os.path.join(data_dir, "meta.json")):
-        return load_meta(data_dir)["vocab_size"], os.path.join(data_dir, "meta.json")
+    if os.path.exists(meta_path(data_dir)):
+        return load_meta(data_dir)["vocab_size"], meta_path(data_dir)
     return GPT2_VOCAB_SIZE, "GPT-2 (no meta.json in the config's data_dir)"
 
 

@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from configurator import first_line, whole_number
-from data.prepare import TOKEN_DTYPE, prepare_command
+from data.prepare import TOKEN_DTYPE, meta_path, prepare_command, split_path
 from data.tokenizer import tokenizer_from_meta
 
 
 def load_meta(data_dir):
     """The meta dict of a prepared data dir, checked to name a tokenizer this code has and its size."""
-    path = os.path.join(data_dir, "meta.json")
+    path = meta_path(data_dir)
     if not os.path.isfile(path):
         why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
                os.path.isfile(os.path.join(data_dir, "meta.pkl")) else
@@ -48,7 +48,7 @@ def open_split(data_dir, split, meta=None):
     checked to be the file meta.json describes: its length, and the largest id recorded when it was
     prepared inside the vocabulary (one pass over the file where meta.json records none: data
     prepared before it did)."""
-    path = os.path.join(data_dir, f"{split}.bin")
+    path = split_path(data_dir, split)
     if os.path.exists(path) and not os.path.isfile(path):
         raise ValueError(f"{path} is not a file of tokens (a directory, say); prepare the data again with "
                          f"`{prepare_command(data_dir)}`")

@@ -48,6 +48,15 @@ from files import (atomic_write, check_text_file, clear_stale_temporaries, new_d
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
+SPLITS = ("train", "val")  # a prepared folder holds a token file for each (split_path) and meta.json (meta_path)
+
+
+def split_path(data_dir, split):
+    return os.path.join(data_dir, f"{split}.bin")
+
+
+def meta_path(data_dir):
+    return os.path.join(data_dir, "meta.json")
 # Where the Shakespeare corpus goes without --out_dir, by tokenizer and --plays: a directory each, so that
 # building one never replaces another (train.py trains on the first; configs/finetune_gpt2_shakespeare.toml
 # reads the third, and tests/test_data.py checks that it does)
@@ -110,9 +119,9 @@ def _writable_out_dir(out_dir, setting="out_dir"):
 
 
 def _staging(out_dir):
-    """Temporary files to write train.bin / val.bin into, next to their final names."""
+    """Temporary files to write train.bin / val.bin into, next to their final names, by split."""
     os.makedirs(out_dir, exist_ok=True)
-    return {name: _tmp_path(os.path.join(out_dir, name)) for name in ("train.bin", "val.bin")}
+    return {split: _tmp_path(split_path(out_dir, split)) for split in SPLITS}
 
 
 def _write_tokens(ids, f):
@@ -134,16 +143,15 @@ def _publish(out_dir, staged, meta):
             os.fsync(f.fileno())
     # each file's length and largest id, read once here, so that a run checks its files without reading them
     meta = {**meta, "splits": {}}
-    for name, tmp in staged.items():
+    for split, tmp in staged.items():
         tokens = np.memmap(tmp, dtype=TOKEN_DTYPE, mode="r")
-        meta["splits"][name.removesuffix(".bin")] = {"tokens": len(tokens), "largest_id": int(tokens.max())}
+        meta["splits"][split] = {"tokens": len(tokens), "largest_id": int(tokens.max())}
         del tokens  # closes the map before the rename
-    meta_path = os.path.join(out_dir, "meta.json")
-    if os.path.exists(meta_path):
-        os.remove(meta_path)
-    for name, tmp in staged.items():
-        os.replace(tmp, os.path.join(out_dir, name))
-    atomic_write(meta_path, lambda f: f.write((json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode("utf-8")))
+    if os.path.exists(meta_path(out_dir)):
+        os.remove(meta_path(out_dir))
+    for split, tmp in staged.items():
+        os.replace(tmp, split_path(out_dir, split))
+    atomic_write(meta_path(out_dir), lambda f: f.write((json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode("utf-8")))
 
 
 def _discard(staged):
@@ -168,7 +176,7 @@ def _check_split_sizes(n_train, n_val):
 def _summary(out_dir, meta, n_train, n_val):
     return {"out_dir": out_dir, "vocab_size": meta["vocab_size"], "tokenizer": meta["tokenizer"],
             "train_tokens": n_train, "val_tokens": n_val,
-            "paths": [os.path.join(out_dir, f) for f in ("train.bin", "val.bin", "meta.json")]}
+            "paths": [*(split_path(out_dir, split) for split in SPLITS), meta_path(out_dir)]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,8 +336,8 @@ def prepare_char(text, out_dir, val_text=None):
     meta = tok.meta()
     staged = _staging(out_dir)
     try:
-        for ids, name in ((train_ids, "train.bin"), (val_ids, "val.bin")):
-            with open(staged[name], "wb") as f:
+        for ids, split in zip((train_ids, val_ids), SPLITS):
+            with open(staged[split], "wb") as f:
                 _write_tokens(ids, f)
         _publish(out_dir, staged, meta)
     finally:
@@ -407,7 +415,7 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
     """train.bin from train_docs; val.bin from val_docs, or the last 10% of train's tokens."""
     meta = GPT2Tokenizer().meta()
     staged = _staging(out_dir)
-    train_tmp, val_tmp = staged["train.bin"], staged["val.bin"]
+    train_tmp, val_tmp = (staged[split] for split in SPLITS)
     try:
         # tokens stream straight to disk, so a corpus larger than memory is fine
         with open(train_tmp, "wb") as f:

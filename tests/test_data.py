@@ -602,7 +602,7 @@ def test_cli_error_while_writing_is_one_line(tmp_path, run_main, monkeypatch):
     (tmp_path / "a.txt").write_text("some text, long enough to split")
 
     def disk_full(out_dir, staged, meta):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), staged["train.bin"])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), staged["train"])
     monkeypatch.setattr(data.prepare, "_publish", disk_full)
     status, _, err = run_main("--input=a.txt", "--tokenizer=char", "--out_dir=out", cwd=tmp_path)
     assert_one_error_line(status, err, "error: [Errno 28] No space left on device: ")
