@@ -1,8 +1,10 @@
 """
 Settings for every script: a dataclass gives each one a type, a default and (in its trailing
 comment) a meaning; a TOML file overrides some, `--key=value` flags override those. Nothing is
-exec'd; a wrong key or value is one clear line (fail). The dataclasses live with their scripts:
-TrainConfig in train.py, SampleConfig in sample.py, PrepareConfig in data/prepare.py.
+exec'd; a wrong key or value is one clear line (fail), as is any bad input (first_line makes an
+exception's message one; whole_number is the count check every module shares). The dataclasses
+live with their scripts: TrainConfig in train.py, SampleConfig in sample.py, PrepareConfig in
+data/prepare.py.
 
     python train.py configs/shakespeare_char_gpu.toml --batch_size=16 --compile=true
     python train.py --help
@@ -20,6 +22,8 @@ import tokenize
 import tomllib
 import types
 import typing
+
+from files import silence
 
 
 class ConfigError(ValueError):
@@ -154,7 +158,7 @@ def print_help(cls):
     try:
         print(help_text(cls), flush=True)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # where the exit's own flush goes
+        silence(sys.stdout)
         sys.exit(128 + signal.SIGPIPE)
     sys.exit(0)
 

@@ -148,6 +148,14 @@ def check_stdout():
         raise ValueError("stdout is closed (1>&-); send it to a file, or to /dev/null")
 
 
+def silence(stream):
+    """Point stream's file descriptor at /dev/null: after its reader left (a broken pipe), the stream's
+    own last flush, at exit, then goes nowhere rather than into a second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 class OutputThatMayClose:
     """A text stream (stdout) that may stop taking text: its reader leaves, as `python train.py |
     head -3` does (a BrokenPipeError), and what follows is dropped; or the file it goes to cannot grow
@@ -174,9 +182,7 @@ class OutputThatMayClose:
     def closed(self, error):
         if isinstance(error, BrokenPipeError):
             self.gone = True
-            devnull = os.open(os.devnull, os.O_WRONLY)  # the stream's own last flush, at exit, then goes nowhere
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
+            silence(self.stream)
         else:  # what is still to say (where a checkpoint went, how to resume) is said where it can be read
             os.dup2(sys.stderr.fileno(), self.stream.fileno())
         self.on_close(error)
