@@ -64,7 +64,7 @@ from configurator import first_line
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, dtype_name
-from model import GPT
+from model import GPT, check_sampling
 from sample import compile_for_decoding
 from train import TrainConfig, model_config
 
@@ -117,8 +117,7 @@ class SampleBench:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.profile < 0 or self.warmup_tokens < 0:
             raise ValueError(f"profile and warmup_tokens must be >= 0, got {self.profile} and {self.warmup_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        check_sampling(self.temperature, top_k=None, top_p=None)
         if self.block_size is not None and self.block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {self.block_size}")
 
