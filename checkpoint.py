@@ -173,7 +173,9 @@ def trained_settings(checkpoint):
     return {k: saved.get(k, getattr(GPTConfig, k)) for k in WEIGHT_SETTINGS if k in saved or k != "vocab_size"}
 
 
-RNG_KEYS = ("python", "torch", "cuda", "numpy", "batches")  # rng_state's
+GPU_GENERATORS = {"cuda": torch.cuda, "mps": torch.mps}  # the GPUs whose generators a checkpoint keeps
+RNG_KEYS = ("python", "torch", *GPU_GENERATORS, "numpy", "batches")  # what rng_state saves
+NEWER_RNG_KEYS = ("mps",)  # saved since Apple's GPUs resume exactly: a resume takes an older checkpoint without
 
 
 def field_problems(checkpoint, keys):
@@ -203,7 +205,7 @@ def check_resume_fields(checkpoint, path):
                          "checkpoints, say, hold only weights this code reads differently); start a new run")
     wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
-        wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"]]
+        wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"] and key not in NEWER_RNG_KEYS]
         if not isinstance(checkpoint["model_config"].get("vocab_size"), int):
             wrong.append("model_config lacks vocab_size")
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
@@ -314,9 +316,10 @@ def read_lock(path):
 
 
 def torch_rng_state(device_type):
-    """This process's torch generators, which dropout draws from: the CPU's, and its CUDA device's
-    where it trains on one (else an empty tensor: a CPU run on a GPU machine leaves the GPU alone)."""
-    return torch.get_rng_state(), torch.cuda.get_rng_state() if device_type == "cuda" else torch.empty(0)
+    """This process's torch generators, which dropout draws from: the CPU's, and {device_type: state}
+    of the GPU it trains on ({} in a CPU run, which leaves a machine's GPU alone)."""
+    gpu = GPU_GENERATORS.get(device_type)
+    return torch.get_rng_state(), {device_type: gpu.get_rng_state()} if gpu else {}
 
 
 def rng_state(generator, torch_states):
@@ -325,20 +328,21 @@ def rng_state(generator, torch_states):
     as tensors and plain data that weights_only loading accepts."""
     np_state = np.random.get_state()
     return {"python": random.getstate(), "torch": [cpu for cpu, _ in torch_states],
-            "cuda": [cuda for _, cuda in torch_states],
+            **{kind: [gpu.get(kind, torch.empty(0)) for _, gpu in torch_states] for kind in GPU_GENERATORS},
             "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
             "batches": generator.get_state()}
 
 
 def set_rng_state(state, generator, rank, device_type):
     """Put back what rng_state saved; rank's own torch generators (a run resumed on other ranks than
-    it was saved from cannot continue exactly: each takes a saved rank's, in turn), its CUDA device's
-    where it trains on one."""
+    it was saved from cannot continue exactly: each takes a saved rank's, in turn), its GPU's where it
+    trains on one and the checkpoint holds that kind's (one saved before Apple's GPUs were kept has none)."""
     random.setstate(state["python"])
-    cpu, cuda = (states if isinstance(states, list) else [states] for states in (state["torch"], state["cuda"]))
+    cpu, gpu = (states if isinstance(states, list) else [states]
+                for states in (state["torch"], state.get(device_type, [])))
     torch.set_rng_state(cpu[rank % len(cpu)])
-    if cuda and cuda[rank % len(cuda)].numel() and device_type == "cuda":
-        torch.cuda.set_rng_state(cuda[rank % len(cuda)])
+    if device_type in GPU_GENERATORS and gpu and gpu[rank % len(gpu)].numel():
+        GPU_GENERATORS[device_type].set_rng_state(gpu[rank % len(gpu)])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
     generator.set_state(state["batches"])

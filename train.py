@@ -539,7 +539,8 @@ def compile_model(model, cfg, setup, optimizers):
     started, compiled = time.time(), torch.compile(model)
     x, y = (torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=setup.device) for _ in range(2))
     try:
-        with torch.random.fork_rng(devices=[setup.device] if setup.device_type == "cuda" else []):
+        with torch.random.fork_rng(devices=[] if setup.device_type == "cpu" else [setup.device],
+                                   device_type=setup.device_type):
             with setup.autocast():
                 loss = compiled(x, y)[1]
             loss.backward()

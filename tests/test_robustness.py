@@ -1894,6 +1894,23 @@ def test_a_cpu_run_on_a_gpu_machine_leaves_the_gpu_alone(tmp_path, data_dir, mon
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 3
 
 
+@pytest.mark.parametrize("kind", ["cuda", "mps"])
+def test_a_gpus_generator_is_saved_and_put_back(monkeypatch, kind):
+    """Dropout on a GPU draws from that GPU's generator: a resume on an Apple GPU (mps) went on from
+    another state than the one saved, so it was not the run it continued. A CPU run saves none."""
+    import checkpoint
+    module = {"cuda": torch.cuda, "mps": torch.mps}[kind]
+    generator = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    monkeypatch.setattr(module, "get_rng_state", lambda device=kind: generator[0].clone())
+    monkeypatch.setattr(module, "set_rng_state", lambda state, device=kind: generator.__setitem__(0, state))
+    saved = checkpoint.rng_state(torch.Generator(), [checkpoint.torch_rng_state(kind)])
+    generator[0] = torch.tensor([9], dtype=torch.uint8)  # dropout drew on after the save
+    checkpoint.set_rng_state(saved, torch.Generator(), 0, kind)
+    assert generator[0].tolist() == [1, 2, 3]
+    cpu_run = checkpoint.rng_state(torch.Generator(), [checkpoint.torch_rng_state("cpu")])
+    assert [cpu_run[k][0].numel() for k in ("cuda", "mps")] == [0, 0]
+
+
 def test_eval_only_writes_no_cpu_peak(tmp_path, data_dir, monkeypatch):
     """eval_only writes nothing, not even the measured CPU peak that only training's MFU needs."""
     import hardware
