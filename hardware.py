@@ -49,6 +49,13 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
+def make_current(device):
+    """Make a GPU named with its index (cuda:N) the current one: what dtype=auto, the attention backends
+    and the datasheet peak ask about is the current GPU."""
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(device)
+
+
 def pick_dtype(name, device_type, training=True, n_params=0):
     """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16). On
     CPUs with bf16 instructions: bf16 for training; for sampling (training=False) a model of n_params

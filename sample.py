@@ -24,7 +24,8 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckp
 from configurator import config_from_argv, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
-from hardware import DType, check_threads, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu
+from hardware import (DType, check_threads, make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory,
+                      set_up_cpu)
 from model import GPT, check_init_from, check_sampling
 
 
@@ -89,8 +90,7 @@ def main(cfg):
     try:
         check_stdout()
         device = pick_device(cfg.device)
-        if device.startswith("cuda:"):  # the GPU that dtype=auto and the attention backends ask about
-            torch.cuda.set_device(device)
+        make_current(device)
         set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
         dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False,

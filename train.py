@@ -39,8 +39,8 @@ from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
-from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, memory_bytes, pick_device,
-                      pick_dtype, ran_out_of_memory, set_up_cpu)
+from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, make_current, memory_bytes,
+                      pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
 from files import OutputThatMayClose, check_stdout
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
@@ -268,8 +268,8 @@ def set_up(cfg):
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
     device = process_device(cfg.device, distributed, local_rank, processes_here)
-    if device.startswith("cuda"):  # first: dtype=auto and the attention backends ask the current GPU
-        torch.cuda.set_device(device)
+    make_current(device)  # first: dtype=auto and the attention backends ask the current GPU
+    if device.startswith("cuda"):
         enable_tf32()
     dtype = pick_dtype(cfg.dtype, device.split(":")[0])
     set_up_cpu(cfg.threads, processes_here)

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, first_line, load_config
 from files import atomic_write, check_writable
-from hardware import cpu_class, pick_device, pick_dtype, set_up_cpu, usable_cpus
+from hardware import cpu_class, make_current, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -51,11 +51,14 @@ def split_list(text, name, convert=str, allowed=None):
 
 
 def resolve_device(name):
-    """configurator.pick_device, with a device that is not here reported as one line (exit status 2)."""
+    """hardware.pick_device, with a device that is not here reported as one line (exit status 2); a GPU
+    named with its index becomes the current one (make_current)."""
     try:
-        return pick_device(name)
+        device = pick_device(name)
     except ValueError as e:
         fail(e)
+    make_current(device)
+    return device
 
 
 def resolve_dtype(name, device_type, training=True, n_params=0):
@@ -267,7 +270,8 @@ def fmt(x, spec=".1f", none="-"):
 def failure(e, doing=""):
     """An exception as one short line for a result's "message": its type, what was being done, and
     the first line of what it says."""
-    return f"{type(e).__name__}{doing}: {first_line(e)}"[:300]
+    said = first_line(e, with_type=True)  # "Type: what it says", or "Type" where it says nothing
+    return (said.replace(type(e).__name__, type(e).__name__ + doing, 1))[:300]
 
 
 def holds_or_not(holds):

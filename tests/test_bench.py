@@ -22,6 +22,14 @@ def run_bench(launch, script, out, *args):
         return json.load(f)
 
 
+def test_a_failure_in_a_result_is_one_line_that_never_repeats_its_type():
+    """Inductor's bare asserts say nothing: a result's message read "AssertionError: AssertionError"."""
+    from bench.benchutil import failure
+    assert failure(AssertionError()) == "AssertionError"
+    assert failure(AssertionError(), " while timing") == "AssertionError while timing"
+    assert failure(RuntimeError("no C++ compiler\nmore"), " while timing") == "RuntimeError while timing: no C++ compiler"
+
+
 @pytest.mark.parametrize("device, waited_for", [("cuda:0", "cuda"), ("mps", "mps"), ("cpu", None)])
 def test_timers_wait_for_the_gpu_they_time(monkeypatch, device, waited_for):
     """A GPU queues work and returns: timed without a wait, an Apple GPU's step measured its launches."""

@@ -1890,6 +1890,9 @@ def test_a_cpu_run_on_a_gpu_machine_leaves_the_gpu_alone(tmp_path, data_dir, mon
                         block_size=8, batch_size=2, eval_iters=1, compile=False, data_dir=str(data_dir),
                         out_dir=str(tmp_path))
     train.main(first)
+    checkpoint = load_checkpoint(str(tmp_path / "ckpt.pt"))  # as if a GPU run had saved it: a GPU generator's state
+    checkpoint["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)]
+    save_checkpoint(checkpoint, str(tmp_path / "ckpt.pt"))
     train.main(TrainConfig(**{**asdict(first), "init_from": "resume", "max_iters": 3}))
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 3
 

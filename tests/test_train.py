@@ -1015,6 +1015,8 @@ def test_dtype_auto_asks_the_gpu_the_run_trains_on(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: current[0] == 1)
     assert train.set_up(train.TrainConfig(device="cuda:1")).dtype == torch.bfloat16
     assert train.set_up(train.TrainConfig(device="cuda:0")).dtype == torch.float16
+    from bench.benchutil import resolve_device  # the benchmarks' --device=cuda:1 too (sample.py's is the same call)
+    assert resolve_device("cuda:1") == "cuda:1" and current[0] == 1
 
 
 def test_an_apple_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
