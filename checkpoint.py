@@ -19,7 +19,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from configurator import first_line
+from configurator import first_line, whole_number
 from data.tokenizer import tokenizer_from_meta
 from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
@@ -162,7 +162,7 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
 
 def token_count(record):
     """A token file's length as meta.json's record of it says, in words ("?" where a damaged one does not)."""
-    return f"{record['tokens']:,}" if isinstance(record, dict) and isinstance(record.get("tokens"), int) else "?"
+    return f"{record['tokens']:,}" if isinstance(record, dict) and whole_number(record.get("tokens")) else "?"
 
 
 def trained_settings(checkpoint):
@@ -206,7 +206,7 @@ def check_resume_fields(checkpoint, path):
     wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
         wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"] and key not in NEWER_RNG_KEYS]
-        if not isinstance(checkpoint["model_config"].get("vocab_size"), int):
+        if not whole_number(checkpoint["model_config"].get("vocab_size")):
             wrong.append("model_config lacks vocab_size")
         wrong += [f"the optimizer state lacks {key}" for key in ("state", "param_groups")
                   if key not in checkpoint["optimizer"]]

@@ -1203,6 +1203,9 @@ CASES = [
         c, "--overwrite=true"), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is a directory, not a checkpoint"]),
     Case("resume-rng-without-batches", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: ck["rng"].pop("batches"))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "rng lacks batches"]),
+    Case("resume-vocab_size-a-bool", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["model_config"], "vocab_size", True))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "model_config lacks vocab_size"]),
     Case("resume-empty-optimizer-state", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "optimizer", {}))), lambda c: ["the optimizer state lacks state"]),
     Case("resume-optimizer-state-of-another-model", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
