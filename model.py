@@ -281,17 +281,23 @@ class GPT(nn.Module):
         sd = model.state_dict()
         # Hugging Face keeps these four as Conv1D with (in, out) weights; nn.Linear wants (out, in)
         conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        used = {"lm_head.weight"}  # where a file has one, it is wte (check_hf_shape)
         for key in sd:  # our names are GPT2LMHeadModel's; plain GPT2Model files lack "transformer."
             candidates = [key, key.removeprefix("transformer.")]
             if key == "lm_head.weight":  # often not saved at all, since it is tied to wte
-                candidates += ["transformer.wte.weight", "wte.weight"]
-            w = next((sd_hf[c] for c in candidates if c in sd_hf), None)
-            if w is None:
+                candidates += list(HF_WTE_KEYS)
+            name = next((c for c in candidates if c in sd_hf), None)
+            if name is None:
                 raise ValueError(f"{directory}: weights have no tensor for {key}")
-            w = w.t() if key.endswith(conv1d) else w
+            used.add(name)
+            w = sd_hf[name].t() if key.endswith(conv1d) else sd_hf[name]
             if w.shape != sd[key].shape:
                 raise ValueError(f"{directory}: {key} has shape {tuple(w.shape)}, expected {tuple(sd[key].shape)}")
             sd[key].copy_(w)
+        unused = sorted(k for k in sd_hf if k not in used and not k.endswith(HF_ATTENTION_BUFFERS))
+        if unused:
+            raise ValueError(f"{directory} holds tensors GPT-2 has no place for ({', '.join(unused[:5])}"
+                             f"{', ...' if len(unused) > 5 else ''}): a variant this GPT would run without them")
         return model
 
 
@@ -337,6 +343,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's GPT-2 models on the Hugging Face hub
+HF_WTE_KEYS = ("transformer.wte.weight", "wte.weight")  # the token embedding, as GPT2LMHeadModel or GPT2Model saves it
+HF_ATTENTION_BUFFERS = (".attn.bias", ".attn.masked_bias")  # older files keep the causal mask: rebuilt here, not read
 # what a Hugging Face GPT-2 config.json may say where it says it, for this model to run it: GPT-2's
 # choices (and the activation each GELU name is here); transformers' GPT-2 class has variants beyond them
 HF_GPT2_ARCHITECTURE = {
@@ -414,16 +422,21 @@ def hf_config(directory):
 
 
 def check_hf_shape(sd_hf, config, directory):
-    """ValueError unless config.json's number of blocks, width and vocabulary are its weights'."""
+    """ValueError unless config.json's number of blocks, width and vocabulary are its weights', and
+    a head the weights hold is their token embedding (GPT-2 ties them)."""
     key_parts = [k.split(".") for k in sd_hf]  # (transformer.)h.<block>.ln_1.weight, ...
     blocks = {parts[parts.index("h") + 1] for parts in key_parts if "h" in parts[:-1]}
-    wte = next((sd_hf[k] for k in ("transformer.wte.weight", "wte.weight") if k in sd_hf), None)
+    wte = next((sd_hf[k] for k in HF_WTE_KEYS if k in sd_hf), None)
     found = {"n_layer": len(blocks), **({"vocab_size": wte.shape[0], "n_embd": wte.shape[1]}
                                           if isinstance(wte, torch.Tensor) and wte.dim() == 2 else {})}
     wrong = [f"{k}={getattr(config, k)}, the weights {v}" for k, v in found.items() if getattr(config, k) != v]
     if wrong:
         raise ValueError(f"{directory}/config.json does not describe its weights ({'; '.join(wrong)}); download the "
                          "model again")
+    head = sd_hf.get("lm_head.weight")
+    if isinstance(head, torch.Tensor) and isinstance(wte, torch.Tensor) and not torch.equal(head, wte):
+        raise ValueError(f"{directory}: its lm_head.weight is not its token embedding (wte): an untied head, which "
+                         "this GPT, tied as GPT-2 is, cannot hold")
 
 
 def load_hf_state_dict(directory):

@@ -406,6 +406,24 @@ def test_from_pretrained_reads_pytorch_model_bin_and_bare_gpt2model(hf_gpt2, tmp
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
+def test_from_pretrained_refuses_tensors_it_would_not_use(hf_gpt2, tmp_path):
+    """A head of its own (untied) or a tensor GPT-2 lacks loaded without a word: the separate head even
+    overwrote the token embedding it is tied to here. An older file's causal-mask buffers still load."""
+    directory, idx, expected, hf = hf_gpt2
+    (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
+    weights = hf.state_dict()
+    mask = {"transformer.h.0.attn.bias": torch.tril(torch.ones(1, 1, 64, 64, dtype=torch.bool)),
+            "transformer.h.0.attn.masked_bias": torch.tensor(-1e4)}
+    torch.save({**weights, **mask}, tmp_path / "pytorch_model.bin")
+    with torch.no_grad():
+        torch.testing.assert_close(GPT.from_pretrained(str(tmp_path)).eval()(idx)[0], expected, atol=1e-4, rtol=0)
+    for extra, said in (({"lm_head.bias": torch.zeros(100)}, r"holds tensors GPT-2 has no place for \(lm_head.bias\)"),
+                        ({"lm_head.weight": weights["lm_head.weight"] + 1}, r"an untied head")):
+        torch.save({**weights, **extra}, tmp_path / "pytorch_model.bin")
+        with pytest.raises(ValueError, match=said):
+            GPT.from_pretrained(str(tmp_path))
+
+
 def test_from_pretrained_hub_name_offline_fails_clearly(monkeypatch, tmp_path):
     import huggingface_hub.constants
 
