@@ -115,6 +115,22 @@ def usable_cpus():
     return max(1, min(cpus, int(quota))) if quota is not None else cpus
 
 
+def separate_cores(topology="/sys/devices/system/cpu"):
+    """One CPU of each core this process may run on, in CPU order. Two threads of one core (SMT) share its
+    arithmetic units, so runs given a core each do not slow each other, as runs on two of its threads would.
+    A CPU whose core Linux does not say counts as a core of its own."""
+    cores, cpus = set(), []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            core = tuple(read_file(f"{topology}/cpu{cpu}/topology/{name}") for name in ("physical_package_id", "core_id"))
+        except OSError:
+            core = ("cpu", cpu)
+        if core not in cores:
+            cores.add(core)
+            cpus.append(cpu)
+    return cpus
+
+
 CGROUP_ROOT, PROC_CGROUP = "/sys/fs/cgroup", "/proc/self/cgroup"  # where Linux shows a process its cgroups
 
 

@@ -8,6 +8,7 @@ checkpoint on the same fixed val (and train) batches and prints the mean and spr
     python bench/recipe.py --max_seconds=5 --seeds=1 --eval_batches=5 --out=/tmp/recipe.json   # smoke test
     git worktree add /tmp/base HEAD~5 && python bench/recipe.py --configs=default --base_repo=/tmp/base   # vs a commit
     python bench/recipe.py --configs=default,my_change.toml --iterations=1200 --seeds=1,2,3,4   # equal work
+    python bench/recipe.py --threads=2 --parallel=6   # a 12-core machine measures a 2-core CPU's six runs at once
 
 Budget: train.py --max_seconds (its schedule follows the clock; evaluation time is not counted) with
 --max_iters large, so every run stops on time, not on iterations. With --iterations=N every run
@@ -17,6 +18,10 @@ a shared machine, out of the comparison, and leaves only the seeds' spread (benc
 train.py's periodic evaluations are turned off (--eval_interval huge) and its final one shortened
 (--eval_iters=train_eval_iters): this script does the evaluation that counts. "default" in --configs
 means train.py with no config file.
+With --parallel=N, N runs train at once, each pinned (taskset) to --threads cores that no other run uses,
+one thread of each core (SMT siblings would share its arithmetic): the runs still share the memory bus and
+the last-level cache, which a 2-core machine's single run has to itself, so compare configs within one
+such sitting, not with a sequential one.
 Evaluation: eval_batches batches of eval_batch_size x eval_block_size tokens from val.bin, drawn once
 from a generator seeded with eval_seed, the same for every checkpoint (eval_block_size defaults to the
 smallest block_size among the runs, so every model can take it); float32, no dropout. The same for
@@ -27,11 +32,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import queue
 import shlex
+import shutil
 import statistics
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
@@ -41,7 +49,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, load_config
 from data.loader import Batches, open_split
-from hardware import check_threads
+from hardware import check_threads, separate_cores
 from train import TrainConfig
 
 
@@ -55,6 +63,7 @@ class RecipeBench:
     train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
     train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
     threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
+    parallel: int = 1  # runs at once, each pinned to `threads` cores of its own: a many-core machine measuring a small one
     work_dir: str = ""  # where the out_dirs go; "": recipe-<time> in the temporary directory
     run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300 (none with iterations)
     eval_batches: int = 200  # fixed batches per split for the final evaluation
@@ -79,6 +88,10 @@ class RecipeBench:
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0: leave OMP_NUM_THREADS unset), got {self.threads}")
         check_threads(self.threads, "threads")  # what each run's train.py would refuse, said before any runs
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be at least 1, got {self.parallel}")
+        if self.parallel > 1 and self.threads == 0:
+            raise ValueError(f"parallel={self.parallel} needs --threads=N, the cores each run gets (2 for a 2-core CPU)")
         if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):
             raise ValueError(f"work_dir={self.work_dir!r} is a file, not a folder; pick another path")
         try:
@@ -103,9 +116,25 @@ def train_args(cfg, config, seed, out_dir):
         f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
 
 
-def run_train(cfg, config, seed, out_dir):
+def cpu_sets(cfg):
+    """With --parallel=N: N lists of `threads` CPUs, each on cores no other list uses; else [None] (no pinning)."""
+    if cfg.parallel == 1:
+        return [None]
+    if not shutil.which("taskset"):
+        fail("parallel > 1 pins each run to its CPUs with taskset, which is not installed (util-linux); use --parallel=1")
+    cores = separate_cores()
+    if len(cores) < cfg.parallel * cfg.threads:
+        fail(f"parallel={cfg.parallel} x threads={cfg.threads} needs {cfg.parallel * cfg.threads} cores; this process "
+             f"may run on {len(cores)}; lower --parallel")
+    return [cores[i * cfg.threads:(i + 1) * cfg.threads] for i in range(cfg.parallel)]
+
+
+def run_train(cfg, config, seed, out_dir, cpus=None):
+    """One train.py run, on the CPUs `cpus` only if given; its record."""
     repo, config = config if isinstance(config, tuple) else (ROOT, config)
     argv = [sys.executable, os.path.join(repo, "train.py")] + train_args(cfg, config, seed, out_dir)
+    if cpus:
+        argv = ["taskset", "--cpu-list", ",".join(map(str, cpus))] + argv
     env = dict(os.environ)
     if cfg.threads > 0:
         env["OMP_NUM_THREADS"] = str(cfg.threads)
@@ -121,7 +150,7 @@ def run_train(cfg, config, seed, out_dir):
             rc = "timeout"
             log.write(f"killed after run_timeout={timeout} s\n")
     rec = {"config": config, "repo": "base" if repo != ROOT else "this", "label": label((repo, config)), "seed": seed,
-           "out_dir": out_dir, "returncode": rc,
+           "out_dir": out_dir, "returncode": rc, "cpus": cpus,
            "wall_seconds": round(time.time() - start, 1)}
     if rc != 0:
         with open(os.path.join(out_dir, "train.log")) as f:
@@ -178,17 +207,30 @@ def check_configs(cfg):
     return configs
 
 
-def train_all(cfg, configs, seeds, work):
-    """One train.py run per seed and config, interleaved; their records."""
-    runs = []
-    for seed in seeds:
-        for config in configs:
-            out_dir = os.path.join(work, f"{label(config)}-seed{seed}")
-            print(f"train: {label(config)} seed {seed} -> {out_dir} ...", end=" ", flush=True)
-            rec = run_train(cfg, config, seed, out_dir)
-            print(f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)", flush=True)
-            runs.append(rec)
-    return runs
+def train_one(cfg, config, seed, work, free_cpus):
+    """One run, on a CPU set taken from the queue free_cpus and given back after; its record."""
+    out_dir = os.path.join(work, f"{label(config)}-seed{seed}")
+    cpus = free_cpus.get()
+    on = f" on CPUs {','.join(map(str, cpus))}" if cpus else ""
+    print(f"train: {label(config)} seed {seed}{on} -> {out_dir} ...", flush=True)
+    try:
+        rec = run_train(cfg, config, seed, out_dir, cpus)
+    finally:
+        free_cpus.put(cpus)
+    print(f"train: {label(config)} seed {seed}: {'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} "
+          f"({rec['wall_seconds']} s)", flush=True)
+    return rec
+
+
+def train_all(cfg, configs, seeds, work, sets):
+    """One train.py run per seed and config, interleaved, as many at a time as there are CPU sets, each on
+    a set no other running one has; their records, in that order."""
+    free_cpus = queue.Queue()
+    for cpus in sets:
+        free_cpus.put(cpus)
+    with ThreadPoolExecutor(len(sets)) as pool:
+        started = [pool.submit(train_one, cfg, config, seed, work, free_cpus) for seed in seeds for config in configs]
+        return [run.result() for run in started]
 
 
 def load_finished(runs, work):
@@ -290,6 +332,7 @@ def main(cfg):
             TrainConfig(seed=seed)
         except ValueError as e:
             fail(f"seeds={cfg.seeds}: {e}")
+    sets = cpu_sets(cfg)
     device = resolve_device(cfg.device)
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs
@@ -301,9 +344,10 @@ def main(cfg):
     info = machine_info(device)
     print_machine(info)
     budget = f"{cfg.iterations} iterations" if cfg.iterations else f"{cfg.max_seconds:g} s of training"
-    print(f"{len(configs)} configs x {len(seeds)} seeds, {budget} each, interleaved; "
+    at_once = f", {cfg.parallel} at a time on CPUs of their own" if cfg.parallel > 1 else ""
+    print(f"{len(configs)} configs x {len(seeds)} seeds, {budget} each, interleaved{at_once}; "
           f"out_dirs under {work}")
-    runs = train_all(cfg, configs, seeds, work)
+    runs = train_all(cfg, configs, seeds, work, sets)
     evaluation = evaluate_all(cfg, load_finished(runs, work), device)  # the same batches for every checkpoint
     summaries = summarise(configs, runs)
     paired = paired_difference(configs, seeds, runs)

@@ -186,18 +186,28 @@ def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_p
     assert not result["requirements"]["kv_cache_vs_transformers"]["applies"]  # stated for GPT-2 124M only
 
 
-def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_iterations(launch, tmp_path,
-                                                                                          data_dir):
-    """--base_repo: each config runs with the other checkout's train.py too; --iterations=N: every run
-    trains exactly N iterations on the iteration schedule, whatever the machine's speed."""
-    base = tmp_path / "base"  # another checkout's code: here a copy whose train.py says who it is
+def base_checkout(tmp_path, says):
+    """Another checkout's code: here a copy whose train.py first runs the line `says`."""
+    base = tmp_path / "base"
     base.mkdir()
     for module in Path(ROOT).glob("*.py"):
         shutil.copy(module, base)
     shutil.copytree(Path(ROOT) / "data", base / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
     (base / "train.py").write_text((base / "train.py").read_text().replace(
-        'if __name__ == "__main__":\n', 'if __name__ == "__main__":\n    print("the base checkout")\n'))
-    tiny = f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+        'if __name__ == "__main__":\n', f'if __name__ == "__main__":\n    {says}\n'))
+    return base
+
+
+def tiny_run(data_dir):
+    return f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+
+
+def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_iterations(launch, tmp_path,
+                                                                                          data_dir):
+    """--base_repo: each config runs with the other checkout's train.py too; --iterations=N: every run
+    trains exactly N iterations on the iteration schedule, whatever the machine's speed."""
+    base = base_checkout(tmp_path, 'print("the base checkout")')
+    tiny = tiny_run(data_dir)
     result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
                        "--iterations=7", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2",
                        "--train_eval_iters=1", f"--train_args={tiny}", f"--work_dir={tmp_path / 'runs'}")
@@ -209,6 +219,35 @@ def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_i
     for label, summary in result["summary"].items():
         assert summary["ms_per_iter"]["mean"] > 0 and summary["val_loss"]["n"] == 1, label
     assert result["paired"]["a"] == "base-default" and result["paired"]["n"] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not shutil.which("taskset"), reason="needs Linux's taskset")
+def test_recipe_bench_runs_in_parallel_each_run_on_cores_of_its_own(launch, tmp_path, data_dir):
+    """--parallel=2 --threads=1: the base's run and this checkout's train at once, each pinned to one core."""
+    from hardware import separate_cores
+    if len(separate_cores()) < 2:
+        pytest.skip("needs two cores")
+    base = base_checkout(tmp_path, 'print("runs on CPUs", sorted(os.sched_getaffinity(0)))')
+    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
+                       "--iterations=3", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1",
+                       "--parallel=2", "--threads=1", f"--train_args={tiny_run(data_dir)}", f"--work_dir={tmp_path / 'runs'}")
+    cpus = {run["label"]: run["cpus"] for run in result["runs"]}
+    assert all(run["returncode"] == 0 and run["iterations"] == 3 for run in result["runs"]), result["runs"]
+    assert len(cpus["base-default"]) == len(cpus["default"]) == 1 and cpus["base-default"] != cpus["default"], cpus
+    log = (tmp_path / "runs" / "base-default-seed1" / "train.log").read_text()
+    assert f"runs on CPUs {cpus['base-default']}" in log, log  # train.py itself may run on that CPU only
+
+
+def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
+    """Two threads of a core (SMT) count once; a CPU whose topology Linux does not show counts as a core."""
+    from hardware import separate_cores
+    for cpu, package, core in ((0, 0, 0), (1, 0, 0), (2, 0, 1), (3, 1, 0)):  # CPUs 0 and 1: one core's two threads
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)  # CPU 4: no topology
+    assert separate_cores(str(tmp_path)) == [0, 2, 3, 4]
 
 
 def test_attention_page_bench_writes_pages_and_weighs_them(launch, tmp_path):
@@ -239,6 +278,9 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--seeds=1,1", "seeds=1,1 repeats a seed"),
     ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
     ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
+    ("bench/recipe.py", "--parallel=0", "parallel must be at least 1, got 0"),
+    ("bench/recipe.py", "--parallel=2", "parallel=2 needs --threads=N, the cores each run gets"),
+    ("bench/recipe.py", "--parallel=100000 --threads=1", "parallel=100000 x threads=1 needs 100000 cores; this process"),
     ("bench/recipe.py", "--threads=100000", "threads=100000 is far more than the"),  # every run's train.py's refusal
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
     ("bench/recipe.py", "--work_dir=/proc/no_such_folder", "work_dir='/proc/no_such_folder' cannot be made"),
