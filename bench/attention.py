@@ -402,8 +402,9 @@ def report(cfg, device, info, backends, seq_lens, results, out):
             verdict = f"{r:.4f} (1/{1 / r:.0f})" if r > 0 else "0"
             verdict += f" -> requirement <= {CHECK_RATIO}: {holds_or_not(holds)}"
             if not applies:
+                here = "" if kind == "cpu" else f"; this run is on {kind}"
                 verdict += (" (the requirement is stated on a CPU at " + ", ".join(
-                    f"{k}={getattr(stated, k)}" for k in STATED_SHAPE) + "; shown for information)")
+                    f"{k}={getattr(stated, k)}" for k in STATED_SHAPE) + f"{here}; shown for information)")
         print(f"peak memory flash / manual at T={CHECK_T}: {verdict}"
               + (f"; sdpa / manual: {sd:.4f}" if sd is not None else ""))
 

@@ -11,6 +11,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -57,6 +58,8 @@ def resolve_device(name):
         device = pick_device(name)
     except ValueError as e:
         fail(e)
+    if name == "auto" and device != "cpu":  # else a benchmark meant for this machine's CPU measures its GPU unsaid
+        print(f"note: device=auto took {device}; --device=cpu measures this machine's CPU", file=sys.stderr)
     make_current(device)
     return device
 

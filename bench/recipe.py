@@ -8,7 +8,7 @@ checkpoint on the same fixed val (and train) batches and prints the mean and spr
     python bench/recipe.py --max_seconds=5 --seeds=1 --eval_batches=5 --out=/tmp/recipe.json   # smoke test
     git worktree add /tmp/base HEAD~5 && python bench/recipe.py --configs=default --base_repo=/tmp/base   # vs a commit
     python bench/recipe.py --configs=default,my_change.toml --iterations=1200 --seeds=1,2,3,4   # equal work
-    python bench/recipe.py --threads=2 --parallel=6   # a 12-core machine measures a 2-core CPU's six runs at once
+    python bench/recipe.py --threads=2 --parallel=6 --device=cpu   # a 12-core machine runs a 2-core CPU's six at once
 
 Budget: train.py --max_seconds (its schedule follows the clock; evaluation time is not counted) with
 --max_iters large, so every run stops on time, not on iterations. With --iterations=N every run
@@ -49,7 +49,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, load_config
 from data.loader import Batches, open_split
-from hardware import check_threads, separate_cores
+from hardware import check_threads, separate_cores, usable_cpus
 from train import TrainConfig
 
 
@@ -60,7 +60,7 @@ class RecipeBench:
     max_seconds: float = 190.0  # training-time budget of every run (train.py --max_seconds)
     iterations: int = 0  # > 0: every run trains this many iterations instead, on the iteration schedule (equal work)
     seeds: str = "1337,1338,1339"  # comma-separated; one run per config per seed
-    train_args: str = ""  # extra train.py flags for every run, e.g. "--device=cpu"
+    train_args: str = ""  # extra train.py flags for every run, e.g. "--compile=false"
     train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
     threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
     parallel: int = 1  # runs at once, each pinned to `threads` cores of its own: a many-core machine measuring a small one
@@ -70,7 +70,7 @@ class RecipeBench:
     eval_batch_size: int = 12  # sequences per evaluation batch
     eval_block_size: int = 0  # 0: the smallest block_size among the runs
     eval_seed: int = 4242  # seeds the draw of the evaluation batches
-    device: str = "auto"  # for the evaluation
+    device: str = "auto"  # for the runs (train.py --device, unless --train_args names one) and the evaluation
     out: str = ""  # JSON path; "": bench/results/recipe-<device>.json
 
     def __post_init__(self):
@@ -108,28 +108,31 @@ def label(config):
 
 
 def train_args(cfg, config, seed, out_dir):
-    """The arguments of one run's train.py: its config file, the budget, then --train_args."""
+    """The arguments of one run's train.py: its config file, the device, the budget, then --train_args."""
     budget = ["--max_seconds=0", f"--max_iters={cfg.iterations}"] if cfg.iterations else \
         [f"--max_seconds={cfg.max_seconds}", "--max_iters=1000000000"]
     return ([] if config == "default" else [config]) + [
-        f"--out_dir={out_dir}", f"--seed={seed}", *budget, "--eval_interval=1000000000",
+        f"--out_dir={out_dir}", f"--seed={seed}", f"--device={cfg.device}", *budget, "--eval_interval=1000000000",
         f"--eval_iters={cfg.train_eval_iters}"] + shlex.split(cfg.train_args)
 
 
-def cpu_sets(cfg):
+def cpu_sets(cfg, device):
     """With --parallel=N: N lists of `threads` CPUs, each on cores no other list uses; else [None] (no pinning)."""
     if cfg.parallel == 1:
         return [None]
-    if not shutil.which("taskset"):
-        fail("parallel > 1 pins each run to its CPUs with taskset, which is not installed (util-linux); use --parallel=1")
-    cores = separate_cores()
+    if device != "cpu":  # pinned CPUs say nothing of runs that would share one GPU
+        fail(f"parallel={cfg.parallel} runs train.py on CPUs of their own, but device={cfg.device} is {device} here; "
+             "add --device=cpu")
+    cores = separate_cores()[:usable_cpus()]  # no more than a CPU quota (a container's --cpus) lets run at once
     if len(cores) < cfg.parallel * cfg.threads:
         fail(f"parallel={cfg.parallel} x threads={cfg.threads} needs {cfg.parallel * cfg.threads} cores; this process "
-             f"may run on {len(cores)}; lower --parallel")
+             f"may use {len(cores)}; lower --parallel")
+    if not shutil.which("taskset"):
+        fail("parallel > 1 pins each run to its CPUs with taskset, which is not installed (util-linux); use --parallel=1")
     return [cores[i * cfg.threads:(i + 1) * cfg.threads] for i in range(cfg.parallel)]
 
 
-def run_train(cfg, config, seed, out_dir, cpus=None):
+def run_train(cfg, config, seed, out_dir, cpus):
     """One train.py run, on the CPUs `cpus` only if given; its record."""
     repo, config = config if isinstance(config, tuple) else (ROOT, config)
     argv = [sys.executable, os.path.join(repo, "train.py")] + train_args(cfg, config, seed, out_dir)
@@ -208,29 +211,38 @@ def check_configs(cfg):
 
 
 def train_one(cfg, config, seed, work, free_cpus):
-    """One run, on a CPU set taken from the queue free_cpus and given back after; its record."""
+    """One run, on a CPU set taken from the queue free_cpus and given back after; its record. Its start and
+    its end are one line, or two where other runs may print between them (CPU sets to pin to)."""
     out_dir = os.path.join(work, f"{label(config)}-seed{seed}")
     cpus = free_cpus.get()
     on = f" on CPUs {','.join(map(str, cpus))}" if cpus else ""
-    print(f"train: {label(config)} seed {seed}{on} -> {out_dir} ...", flush=True)
+    print(f"train: {label(config)} seed {seed}{on} -> {out_dir} ...", end="\n" if cpus else " ", flush=True)
     try:
         rec = run_train(cfg, config, seed, out_dir, cpus)
     finally:
         free_cpus.put(cpus)
-    print(f"train: {label(config)} seed {seed}: {'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} "
-          f"({rec['wall_seconds']} s)", flush=True)
+    done = f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)"
+    print(f"train: {label(config)} seed {seed}: {done}" if cpus else done, flush=True)
     return rec
 
 
 def train_all(cfg, configs, seeds, work, sets):
     """One train.py run per seed and config, interleaved, as many at a time as there are CPU sets, each on
-    a set no other running one has; their records, in that order."""
+    a set no other running one has; their records, in that order. Ctrl-C reaches the runs in flight too
+    (the terminal signals its whole process group), and each saves and stops; the rest do not start."""
     free_cpus = queue.Queue()
     for cpus in sets:
         free_cpus.put(cpus)
-    with ThreadPoolExecutor(len(sets)) as pool:
-        started = [pool.submit(train_one, cfg, config, seed, work, free_cpus) for seed in seeds for config in configs]
+    pool = ThreadPoolExecutor(len(sets))
+    started = [pool.submit(train_one, cfg, config, seed, work, free_cpus) for seed in seeds for config in configs]
+    try:
         return [run.result() for run in started]
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)  # the runs in flight end as they save
+        fail(f"interrupted: {sum(run.cancelled() for run in started)} of {len(started)} runs not started; "
+             f"the others' out_dirs are under {work}", status=130)
+    finally:
+        pool.shutdown()
 
 
 def load_finished(runs, work):
@@ -332,8 +344,8 @@ def main(cfg):
             TrainConfig(seed=seed)
         except ValueError as e:
             fail(f"seeds={cfg.seeds}: {e}")
-    sets = cpu_sets(cfg)
     device = resolve_device(cfg.device)
+    sets = cpu_sets(cfg, device)
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs
     work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))

@@ -275,8 +275,9 @@ def check_requirements(c, cfg, device_type, ratios):
         r = requirements[name] = {"min": minimum, "value": ratios[name], "applies": as_stated and applies,
                                   "stated": condition, "holds": ratios[name] >= minimum}
         shape = {k: REFERENCE_DEFAULTS[cfg.reference][k] for k in (*SHAPE, "max_new_tokens", "temperature")}
+        here = "" if device_type == "cpu" else f"; this run is on {device_type}"
         verdict = holds_or_not(r["holds"]) if r["applies"] else \
-            f"not applicable to this run (stated on a CPU for {shape}, {condition})"
+            f"not applicable to this run (stated on a CPU for {shape}, {condition}{here})"
         print(f"requirement {name} >= {minimum:.1f}x: {verdict}")
     return requirements
 

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,18 @@ def test_timers_wait_for_the_gpu_they_time(monkeypatch, device, waited_for):
     monkeypatch.setattr(torch.mps, "synchronize", lambda: waits.append("mps"))
     benchutil.sync(device)
     assert waits == ([waited_for] if waited_for else [])
+
+
+@pytest.mark.parametrize("name, noted", [("auto", True), ("cuda", False), ("cpu", False)])
+def test_a_benchmark_says_when_device_auto_took_a_gpu(monkeypatch, capsys, name, noted):
+    """A benchmark meant for the CPU of a machine that has a GPU would otherwise time the GPU unsaid."""
+    from bench import benchutil
+    monkeypatch.setattr(benchutil, "pick_device", lambda name: "cpu" if name == "cpu" else "cuda")
+    monkeypatch.setattr(benchutil, "make_current", lambda device: None)
+    benchutil.resolve_device(name)
+    err = capsys.readouterr().err
+    assert (err == "note: device=auto took cuda; --device=cpu measures this machine's CPU\n") == noted, err
+    assert noted or err == ""
 
 
 def test_attention_bench_times_every_backend(launch, tmp_path):
@@ -161,7 +174,7 @@ def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
         assert p["top_ops_us"] and all(op.startswith("aten::") for op in p["top_ops_us"]), (path, p)
 
 
-def test_sample_bench_goals_apply_only_where_they_are_stated():
+def test_sample_bench_goals_apply_only_where_they_are_stated(capsys):
     """Against nanoGPT's loop the goal is stated sampling at temperature 1 from a one-token prompt: at 0
     generate takes the argmax while nanoGPT's loop still samples, so a verdict there would not compare."""
     from types import SimpleNamespace
@@ -172,6 +185,11 @@ def test_sample_bench_goals_apply_only_where_they_are_stated():
     assert check_requirements(c, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
     for change in (dict(temperature=0.0), dict(prompt_len=60), dict(max_new_tokens=50)):
         assert not check_requirements(c, SampleBench(**change), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"], change
+    capsys.readouterr()
+    assert not check_requirements(c, SampleBench(), "cuda", ratios)["kv_cache_vs_nanogpt"]["applies"]
+    out = capsys.readouterr().out  # the shape is the stated one: the device is why the goal does not apply
+    assert re.search(r"kv_cache_vs_nanogpt >= 3.0x: not applicable to this run \(stated on a CPU for .*; this run "
+                     r"is on cuda\)\n", out), out
 
 
 @pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),
@@ -227,7 +245,15 @@ def test_recipe_bench_runs_in_parallel_each_run_on_cores_of_its_own(launch, tmp_
     from hardware import separate_cores
     if len(separate_cores()) < 2:
         pytest.skip("needs two cores")
-    base = base_checkout(tmp_path, 'print("runs on CPUs", sorted(os.sched_getaffinity(0)))')
+    # the base's run, which starts first, waits up to 30 s for the other run's train.py to print its first line
+    base = base_checkout(tmp_path, """print("runs on CPUs", sorted(os.sched_getaffinity(0)))
+    import pathlib
+    other = pathlib.Path(sys.argv[1].split("=", 1)[1].replace("base-default", "default")) / "train.log"
+    for _ in range(300):
+        if other.exists() and "parameters |" in other.read_text():
+            print("the other run had started")
+            break
+        time.sleep(0.1)""")
     result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
                        "--iterations=3", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2", "--train_eval_iters=1",
                        "--parallel=2", "--threads=1", f"--train_args={tiny_run(data_dir)}", f"--work_dir={tmp_path / 'runs'}")
@@ -236,6 +262,53 @@ def test_recipe_bench_runs_in_parallel_each_run_on_cores_of_its_own(launch, tmp_
     assert len(cpus["base-default"]) == len(cpus["default"]) == 1 and cpus["base-default"] != cpus["default"], cpus
     log = (tmp_path / "runs" / "base-default-seed1" / "train.log").read_text()
     assert f"runs on CPUs {cpus['base-default']}" in log, log  # train.py itself may run on that CPU only
+    assert "the other run had started" in log, log  # the two ran at once
+
+
+def test_recipe_bench_in_parallel_refuses_a_gpu_and_cores_a_quota_does_not_give(monkeypatch, capsys):
+    """Pinned CPUs say nothing of runs that share a GPU; a container's CPU quota caps the cores as it caps
+    train.py's threads."""
+    import bench.recipe as recipe
+    with pytest.raises(SystemExit):
+        recipe.cpu_sets(recipe.RecipeBench(parallel=2, threads=1), "cuda")
+    assert "device=auto is cuda here; add --device=cpu" in capsys.readouterr().err
+    monkeypatch.setattr(recipe, "separate_cores", lambda: [0, 1, 2, 3])  # a 4-core machine
+    monkeypatch.setattr(recipe, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert recipe.cpu_sets(recipe.RecipeBench(parallel=2, threads=2), "cpu") == [[0, 1], [2, 3]]
+    monkeypatch.setattr(recipe, "usable_cpus", lambda: 3)  # its container may use 3 CPUs' time
+    with pytest.raises(SystemExit):
+        recipe.cpu_sets(recipe.RecipeBench(parallel=2, threads=2), "cpu")
+    assert "needs 4 cores; this process may use 3" in capsys.readouterr().err
+
+
+def test_recipe_bench_gives_its_runs_its_device(tmp_path):
+    """--device places the runs as well as the evaluation (--train_args may still name another)."""
+    from bench.recipe import RecipeBench, train_args
+    assert "--device=cpu" in train_args(RecipeBench(device="cpu"), "default", 1, str(tmp_path))
+    args = train_args(RecipeBench(device="cpu", train_args="--device=auto"), "default", 1, str(tmp_path))
+    assert args.index("--device=cpu") < args.index("--device=auto"), args  # the later flag wins in train.py
+
+
+def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir):
+    """Ctrl-C (SIGINT to the terminal's process group): the run in flight saves and stops, the queued ones
+    never start, and the script ends with one line."""
+    import signal
+    proc = subprocess.Popen([sys.executable, "bench/recipe.py", "--configs=default", "--seeds=1,2", "--iterations=100000",
+                             "--device=cpu", f"--train_args={tiny_run(data_dir)} --compile=false --threads=1",
+                             f"--work_dir={tmp_path / 'runs'}", f"--out={tmp_path / 'r.json'}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    log = tmp_path / "runs" / "default-seed1" / "train.log"
+    for _ in range(600):  # until the first run trains
+        if log.exists() and "iter " in log.read_text():
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.count("\n") == 1, (proc.returncode, err)
+    assert "interrupted: 1 of 2 runs not started" in err, err
+    assert not (tmp_path / "runs" / "default-seed2").exists() and not (tmp_path / "r.json").exists()
+    assert (tmp_path / "runs" / "default-seed1" / "ckpt.pt").exists(), log.read_text()  # the run saved its work
 
 
 def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
@@ -352,6 +425,7 @@ def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_p
     assert proc.returncode == 0, proc.stderr
     runs = json.loads((tmp_path / "r.json").read_text())["runs"]
     assert [r["returncode"] for r in runs] == [0], runs
+    assert re.search(r"^train: tiny seed 1 -> \S+ \.\.\. ok \([\d.]+ s\)$", proc.stdout, re.M), proc.stdout  # one line each
     assert (tmp_path / "work").is_dir() and not Path(ROOT, "work").exists()
 
 

@@ -731,6 +731,14 @@ def test_the_default_compiles_before_the_clock_starts(tmp_path, data_dir, monkey
     assert load(tmp_path / "out" / "ckpt.pt")["trained_seconds"] < 1.5
 
 
+def test_the_checkpoint_records_the_device_and_dtype_that_auto_became(tmp_path, data_dir):
+    """A result read from a checkpoint (bench/recipe.py's JSON, say) can tell a GPU run from a CPU run."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, device="auto", dtype="auto"))
+    saved = load(tmp_path / "ckpt.pt")["config"]
+    assert saved["device"] == "cpu" and saved["dtype"] in ("float32", "bfloat16"), saved
+
+
 def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_path, data_dir, monkeypatch):
     """n_embd=0 trains 128 wide where the CPU has bf16 instructions and 96 wide where it has not (whatever
     --dtype says); the checkpoint's settings hold the width, so the same flags resume it; a set n_embd
