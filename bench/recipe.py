@@ -35,9 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import queue
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -210,17 +212,23 @@ def check_configs(cfg):
     return configs
 
 
-def train_one(cfg, config, seed, work, free_cpus):
-    """One run, on a CPU set taken from the queue free_cpus and given back after; its record. Its start and
-    its end are one line, or two where other runs may print between them (CPU sets to pin to)."""
+def train_one(cfg, config, seed, work, free_cpus, interrupted):
+    """One run, on a CPU set taken from the queue free_cpus and given back after; its record, or None if
+    the Event `interrupted` was set first. Its start and its end are one line, or two where other runs may
+    print between them (CPU sets to pin to)."""
     out_dir = os.path.join(work, f"{label(config)}-seed{seed}")
     cpus = free_cpus.get()
+    if interrupted.is_set():
+        free_cpus.put(cpus)
+        return None
     on = f" on CPUs {','.join(map(str, cpus))}" if cpus else ""
     print(f"train: {label(config)} seed {seed}{on} -> {out_dir} ...", end="\n" if cpus else " ", flush=True)
     try:
         rec = run_train(cfg, config, seed, out_dir, cpus)
     finally:
         free_cpus.put(cpus)
+    if rec["returncode"] == 128 + signal.SIGINT:  # train.py's exit after a Ctrl-C, which reached this process too
+        interrupted.set()
     done = f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)"
     print(f"train: {label(config)} seed {seed}: {done}" if cpus else done, flush=True)
     return rec
@@ -229,20 +237,25 @@ def train_one(cfg, config, seed, work, free_cpus):
 def train_all(cfg, configs, seeds, work, sets):
     """One train.py run per seed and config, interleaved, as many at a time as there are CPU sets, each on
     a set no other running one has; their records, in that order. Ctrl-C reaches the runs in flight too
-    (the terminal signals its whole process group), and each saves and stops; the rest do not start."""
-    free_cpus = queue.Queue()
+    (the terminal signals its whole process group), and each saves and stops; the rest do not start, whether
+    this process or a run's train.py (which may see it first) tells of it."""
+    free_cpus, interrupted = queue.Queue(), threading.Event()
     for cpus in sets:
         free_cpus.put(cpus)
     pool = ThreadPoolExecutor(len(sets))
-    started = [pool.submit(train_one, cfg, config, seed, work, free_cpus) for seed in seeds for config in configs]
+    started = [pool.submit(train_one, cfg, config, seed, work, free_cpus, interrupted)
+               for seed in seeds for config in configs]
     try:
-        return [run.result() for run in started]
+        runs = [run.result() for run in started]
     except KeyboardInterrupt:
+        interrupted.set()
         pool.shutdown(wait=True, cancel_futures=True)  # the runs in flight end as they save
-        fail(f"interrupted: {sum(run.cancelled() for run in started)} of {len(started)} runs not started; "
-             f"the others' out_dirs are under {work}", status=130)
-    finally:
-        pool.shutdown()
+        runs = [None if run.cancelled() else run.result() for run in started]
+    pool.shutdown()
+    if interrupted.is_set():
+        fail(f"interrupted: {runs.count(None)} of {len(runs)} runs not started; the others' out_dirs are under {work}",
+             status=128 + signal.SIGINT)
+    return runs
 
 
 def load_finished(runs, work):
