@@ -120,7 +120,8 @@ def separate_cores(topology="/sys/devices/system/cpu"):
     arithmetic units, so runs given a core each do not slow each other, as runs on two of its threads would.
     A CPU whose core Linux does not say counts as a core of its own."""
     cores, cpus = set(), []
-    for cpu in sorted(os.sched_getaffinity(0)):
+    here = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)  # macOS: all
+    for cpu in sorted(here):
         try:
             core = tuple(read_file(f"{topology}/cpu{cpu}/topology/{name}") for name in ("physical_package_id", "core_id"))
         except OSError:

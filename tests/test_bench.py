@@ -335,6 +335,9 @@ def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
         (topology / "core_id").write_text(f"{core}\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)  # CPU 4: no topology
     assert separate_cores(str(tmp_path)) == [0, 2, 3, 4]
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS has no affinity: every CPU
+    monkeypatch.setattr(os, "cpu_count", lambda: 5)
+    assert separate_cores(str(tmp_path)) == [0, 2, 3, 4]
 
 
 def test_attention_page_bench_writes_pages_and_weighs_them(launch, tmp_path):
