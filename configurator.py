@@ -2,7 +2,7 @@
 Settings for every script: a dataclass gives each one a type, a default and (in its trailing
 comment) a meaning; a TOML file overrides some, `--key=value` flags override those. Nothing is
 exec'd; a wrong key or value is one clear line (fail), as is any bad input (first_line makes an
-exception's message one; whole_number is the count check every module shares). The dataclasses
+exception's message one; whole_number is the count check every module shares, check_at_least the range check). The dataclasses
 live with their scripts: TrainConfig in train.py, SampleConfig in sample.py, PrepareConfig in
 data/prepare.py.
 
@@ -55,6 +55,16 @@ def first_line(error, with_type=False):
 def whole_number(x):
     """An int that is not a bool (True is an int to Python, not a count to a user)."""
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_at_least(config, minimum, *names, meaning=""):
+    """The range check every config's __post_init__ shares: each named setting is at least `minimum`
+    (None, an optional setting left unset, passes). `meaning` says what the boundary value does, e.g.
+    "0: a time budget"."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}{f' ({meaning})' if meaning else ''}, got {value}")
 
 
 def type_name(tp):

@@ -98,7 +98,7 @@ MOST_THREADS_PER_CPU = 4
 def check_threads(n, setting="threads"):
     """ValueError for a thread count the setting `threads`, or the OMP_NUM_THREADS it defers to, may not ask for."""
     if n < 0:
-        raise ValueError(f"threads must be >= 0 (0: the CPUs this process may use), got {n}")
+        raise ValueError(f"threads must be at least 0 (0: the CPUs this process may use), got {n}")
     if n > MOST_THREADS_PER_CPU * usable_cpus():
         instead = "or 0 for one a CPU" if setting == "threads" else "or unset it for one a CPU"
         raise ValueError(f"{setting}={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, dropout
-from configurator import first_line, whole_number
+from configurator import check_at_least, first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
 from files import load_torch_file
 
@@ -46,9 +46,7 @@ class GPTConfig:
     activation: Activation = "gelu_tanh"  # the MLP's nonlinearity: gelu_tanh as GPT-2, the exact gelu, or relu2
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        check_at_least(self, 1, "vocab_size", "block_size", "n_layer", "n_head", "n_embd")
         fits = head_counts(self.n_embd, rope=self.pos_embedding == "rope")
         can = (f"n_head can be one of {', '.join(map(str, fits))}" if fits else
                "no n_head gives the even head size rope needs: give an even n_embd, or pos_embedding='learned'")

@@ -21,7 +21,7 @@ from attention import Backend, check_backend
 from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
-from configurator import config_from_argv, fail, first_line
+from configurator import check_at_least, config_from_argv, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import (DType, check_threads, make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory,
@@ -69,8 +69,7 @@ class SampleConfig:
             if not os.path.isdir(folder):
                 raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
         check_threads(self.threads)
-        if self.num_samples < 1:
-            raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        check_at_least(self, 1, "num_samples")
 
     def new_tokens(self):
         """max_new_tokens, or where it is not given 500 per sample, or a page's line of at most PAGE_NEW_TOKENS."""

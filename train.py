@@ -34,7 +34,7 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
                         torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import config_from_argv, fail, first_line
+from configurator import check_at_least, config_from_argv, fail, first_line
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -101,13 +101,9 @@ class TrainConfig(GPTConfig):
     OWN_STARTS = ("scratch", "resume")  # init_from's starts of train.py's own; any other names GPT-2 weights
 
     def __post_init__(self):
-        for name in ("batch_size", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
-                     "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        check_at_least(self, 1, "batch_size", "eval_interval", "eval_iters", "log_interval")
+        check_at_least(self, 0, "gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
+                       "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip")
         for name in ("learning_rate", "muon_lr"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

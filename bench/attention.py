@@ -48,6 +48,7 @@ import attention as attn_mod
 from attention import BACKENDS, HOPPER, MultiHeadAttention, check_backend
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
+from configurator import check_at_least
 from hardware import pick_threads, ran_out_of_memory
 
 STATED_SHAPE = ("batch_size", "n_embd", "n_head", "dtype")  # the memory goal's, at their defaults
@@ -74,9 +75,7 @@ class AttentionBench:
     single: str = ""  # internal: "backend:T" measures one point (CPU peak memory) and prints JSON
 
     def __post_init__(self):
-        for name in ("batch_size", "n_embd", "n_head", "repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_at_least(self, 1, "batch_size", "n_embd", "n_head", "repeats")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         if self.time_budget <= 0:

@@ -27,6 +27,7 @@ import torch
 from attention_map import write_attention_page
 from bench.benchutil import (holds_or_not, machine_info, md_table, out_path, parse, print_machine, split_list,
                              write_json)
+from configurator import check_at_least
 from data.tokenizer import GPT2Tokenizer
 from model import GPT, GPTConfig
 from train import TrainConfig, model_config, with_machine_width
@@ -45,9 +46,7 @@ class PageBench:
     out: str = ""  # JSON path; "": bench/results/attention-page-cpu.json
 
     def __post_init__(self):
-        for name in ("default_tokens", "gpt2_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_at_least(self, 1, "default_tokens", "gpt2_tokens")
 
 
 def case_model(case, seed):

@@ -49,7 +49,7 @@ import torch
 from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine,
                              resolve_device, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import ConfigError, load_config
+from configurator import ConfigError, check_at_least, load_config
 from data.loader import Batches, open_split
 from hardware import check_threads, separate_cores, usable_cpus
 from train import TrainConfig
@@ -78,20 +78,12 @@ class RecipeBench:
     def __post_init__(self):
         if self.max_seconds <= 0:
             raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
-        if self.iterations < 0:
-            raise ValueError(f"iterations must be >= 0 (0: a time budget), got {self.iterations}")
-        for name in ("eval_batches", "eval_batch_size", "train_eval_iters"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.eval_block_size < 0:
-            raise ValueError(f"eval_block_size must be >= 0, got {self.eval_block_size}")
-        if self.run_timeout < 0:
-            raise ValueError(f"run_timeout must be >= 0 (0: 3 * max_seconds + 300), got {self.run_timeout}")
-        if self.threads < 0:
-            raise ValueError(f"threads must be >= 0 (0: leave OMP_NUM_THREADS unset), got {self.threads}")
+        check_at_least(self, 0, "iterations", meaning="0: a time budget")
+        check_at_least(self, 1, "eval_batches", "eval_batch_size", "train_eval_iters", "parallel")
+        check_at_least(self, 0, "eval_block_size", meaning="0: the smallest block_size among the runs")
+        check_at_least(self, 0, "run_timeout", meaning="0: 3 * max_seconds + 300")
+        check_at_least(self, 0, "threads", meaning="0: leave OMP_NUM_THREADS unset")
         check_threads(self.threads, "threads")  # what each run's train.py would refuse, said before any runs
-        if self.parallel < 1:
-            raise ValueError(f"parallel must be at least 1, got {self.parallel}")
         if self.parallel > 1 and self.threads == 0:
             raise ValueError(f"parallel={self.parallel} needs --threads=N, the cores each run gets (2 for a 2-core CPU)")
         if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):

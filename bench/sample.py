@@ -60,7 +60,7 @@ from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_tab
                              profiled, resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary,
                              timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
-from configurator import first_line
+from configurator import check_at_least, first_line
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, dtype_name
@@ -112,14 +112,9 @@ class SampleBench:
         if self.reference == "transformers" and self.out_dir:
             raise ValueError("reference=transformers runs GPT-2's architecture on random weights; a checkpoint's "
                              "model is another (drop --out_dir)")
-        for name in ("max_new_tokens", "prompt_len", "repeats", *SHAPE):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.profile < 0 or self.warmup_tokens < 0:
-            raise ValueError(f"profile and warmup_tokens must be >= 0, got {self.profile} and {self.warmup_tokens}")
+        check_at_least(self, 1, "max_new_tokens", "prompt_len", "repeats", *SHAPE, "block_size")
+        check_at_least(self, 0, "profile", "warmup_tokens")
         check_sampling(self.temperature, top_k=None, top_p=None)
-        if self.block_size is not None and self.block_size < 1:
-            raise ValueError(f"block_size must be at least 1, got {self.block_size}")
 
 
 def build_model(cfg):

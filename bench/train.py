@@ -47,7 +47,7 @@ from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
                              print_machine, profiled, resolve_device, set_threads, show_compiled_kernels, split_list,
                              summary, timed, top_ops, write_json)
-from configurator import ConfigError, load_config
+from configurator import ConfigError, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
@@ -97,17 +97,9 @@ class TrainBench:
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
-        if self.loop < 0:
-            raise ValueError(f"loop must be >= 0, got {self.loop}")
-        for name in ("grad_accum", "repeats", "steps_per_sample"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.profile < 0:
-            raise ValueError(f"profile must be >= 0, got {self.profile}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if self.vocab_size < 0:
-            raise ValueError(f"vocab_size must be >= 0 (0: the config's), got {self.vocab_size}")
+        check_at_least(self, 0, "loop", "profile", "warmup")
+        check_at_least(self, 1, "grad_accum", "repeats", "steps_per_sample")
+        check_at_least(self, 0, "vocab_size", meaning="0: the config's")
         TrainConfig(seed=self.seed)  # train.py's own check of a seed (ValueError)
 
 

@@ -362,12 +362,12 @@ def test_bench_help_describes_every_setting(launch, script):
 @pytest.mark.parametrize("script, flag, says", [
     ("bench/train.py", "--seed=-1", "seed must be in [0, 2**32), got -1"),
     ("bench/train.py", "--seed=4294967296", "seed must be in [0, 2**32)"),
-    ("bench/train.py", "--vocab_size=-3", "vocab_size must be >= 0"),
+    ("bench/train.py", "--vocab_size=-3", "vocab_size must be at least 0 (0: the config's)"),
     ("bench/recipe.py", "--train_args='oops", "train_args=\"'oops\" cannot be split into flags"),
-    ("bench/recipe.py", "--run_timeout=-1", "run_timeout must be >= 0"),
+    ("bench/recipe.py", "--run_timeout=-1", "run_timeout must be at least 0"),
     ("bench/recipe.py", "--seeds=1,1", "seeds=1,1 repeats a seed"),
     ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
-    ("bench/recipe.py", "--threads=-4", "threads must be >= 0"),
+    ("bench/recipe.py", "--threads=-4", "threads must be at least 0"),
     ("bench/recipe.py", "--parallel=0", "parallel must be at least 1, got 0"),
     ("bench/recipe.py", "--parallel=2", "parallel=2 needs --threads=N, the cores each run gets"),
     ("bench/recipe.py", "--parallel=100000 --threads=1", "parallel=100000 x threads=1 needs 100000 cores; this process"),
@@ -379,9 +379,9 @@ def test_bench_help_describes_every_setting(launch, script):
      "the default config with --train_args='--bogus=1': unknown setting"),
     ("bench/recipe.py", "--configs=configs/gpt2_124m.toml,default --train_args=--n_layer=x",
      "configs/gpt2_124m.toml with --train_args='--n_layer=x': "),
-    ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be >= 0"),
+    ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be at least 0, got -5"),
     ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
-    ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be >= 0"),
+    ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be at least 0"),
 ])
 def test_bench_bad_input_is_one_line(launch, tmp_path, script, flag, says):
     proc = launch(script, *flag.split(), f"--out={tmp_path / 'x.json'}")

@@ -1659,7 +1659,7 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
     with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*or unset it"):
         pick_threads(0)
     assert pick_threads(4) == 4  # a setting wins over the environment, even a bad one
-    with pytest.raises(ValueError, match="threads must be >= 0"):
+    with pytest.raises(ValueError, match=r"threads must be at least 0 \(0: the CPUs"):
         pick_threads(-1)
 
 

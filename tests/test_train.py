@@ -755,7 +755,7 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         assert resumed.config.n_embd == width and load(out / "ckpt.pt")["iter_num"] == 5
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=32), "cpu").n_embd == 32
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
-    with pytest.raises(ValueError, match=r"^n_head must be a positive integer, got 0$"):  # no width's doing
+    with pytest.raises(ValueError, match=r"^n_head must be at least 1, got 0$"):  # no width's doing
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=0)
     with pytest.raises(ValueError, match=f"at {wide}, n_embd={wide} must be divisible by n_head=3") as refused:
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
@@ -769,7 +769,7 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         except ValueError:
             pass
     assert listed == taken and 32 not in listed  # 128 / 32 = 4, but 96 / 32 = 3: odd, no rope
-    with pytest.raises(ValueError, match="n_embd must not be negative"):  # not "positive": 0 is a choice
+    with pytest.raises(ValueError, match="n_embd must be at least 0,"):  # not "positive": 0 is a choice
         tiny_config(data_dir, tmp_path, n_embd=-1)
     assert f"0: {wide}, or {narrow} on a CPU without bf16" in help_text(train.TrainConfig)
 
@@ -1311,6 +1311,20 @@ def test_flag_without_equals(TrainConfig):
 def test_range_checks_are_config_errors(TrainConfig, flag, key):
     with pytest.raises(ConfigError, match=key):
         load_config(TrainConfig, ["--n_head=4", *flag.split()])
+
+
+def test_the_shared_range_check_names_the_setting_its_floor_and_what_the_floor_means():
+    """configurator.check_at_least is every config's "at least" check: the boundary passes, one below it
+    fails with the setting's name, and an optional setting left unset (None) passes."""
+    from types import SimpleNamespace
+    from configurator import check_at_least
+    config = SimpleNamespace(repeats=1, loop=0, block_size=None, parallel=0)
+    check_at_least(config, 1, "repeats", "block_size")
+    check_at_least(config, 0, "loop", "parallel", meaning="0: no loop")
+    with pytest.raises(ValueError, match=r"^parallel must be at least 1, got 0$"):
+        check_at_least(config, 1, "repeats", "parallel")
+    with pytest.raises(ValueError, match=r"^loop must be at least 1 \(0: off\), got 0$"):
+        check_at_least(config, 1, "loop", meaning="0: off")
 
 
 def test_toml_non_finite_numbers_are_refused(tmp_path, TrainConfig):
