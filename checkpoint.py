@@ -21,7 +21,8 @@ import torch
 
 from configurator import first_line, whole_number
 from data.tokenizer import tokenizer_from_meta
-from files import NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories
+from files import (NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories,
+                   write_probe)
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
 
@@ -248,17 +249,9 @@ def check_out_dir(out_dir, resuming, overwrite):
     if not resuming and not overwrite and os.path.exists(path):
         raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
                          "--out_dir, or start again in this one with --overwrite=true")
-    probe = os.path.join(out_dir, f".write-test{os.getpid()}")
     try:
         with new_directories(out_dir) as made:  # a failed probe leaves no empty out_dir behind
-            try:
-                with open(probe, "wb") as f:
-                    f.write(bytes(1 << 20))
-                    f.flush()
-                    os.fsync(f.fileno())
-            finally:
-                if os.path.exists(probe):
-                    os.remove(probe)
+            write_probe(out_dir, 1 << 20)
     except OSError as e:
         raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
                          "or free some space") from None

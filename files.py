@@ -87,15 +87,25 @@ def remove_empty_directories(directories):
             os.rmdir(directory)
 
 
+def write_probe(folder, size=0):
+    """Write `size` bytes to a new file in folder, to the disk, and let the file go: the OSError that a real
+    write there would meet (a read-only place, no permission; given a size, a full disk), before any work is
+    done. The file has no name (O_TMPFILE where Linux has it), so not even a kill leaves it behind."""
+    with tempfile.TemporaryFile(dir=folder) as f:
+        if size:  # only written bytes need a disk's room: the file's creation alone asks for none
+            f.write(bytes(size))
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def check_writable(path):
     """ValueError, before any work is done, if path cannot be written: it is a directory, or a file
-    cannot be created beside it (a read-only place, no permission). A probe file, removed at once."""
+    cannot be created beside it (a read-only place, no permission)."""
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory; name a file in it, e.g. {os.path.join(path, 'attn.html')}")
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        write_probe(folder)
     except OSError as e:
         raise ValueError(f"cannot write {path}: {e.strerror or e} in {folder}; pick another place") from None
 

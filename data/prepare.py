@@ -27,7 +27,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import urllib.request
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -44,7 +43,7 @@ from configurator import config_from_argv, fail, first_line  # noqa: E402 - afte
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (atomic_write, check_text_file, clear_stale_temporaries, new_directories,  # noqa: E402
-                   read_text_file, temporary_path)
+                   read_text_file, temporary_path, write_probe)
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -110,8 +109,7 @@ def _writable_out_dir(out_dir, setting="out_dir"):
         raise ValueError(f"cannot write to {setting}={out_dir!r}: {parent} is not a directory; pick another --{setting}")
     with new_directories(out_dir):
         try:
-            with tempfile.TemporaryFile(dir=out_dir):  # a probe: not read-only, ours to write
-                pass
+            write_probe(out_dir)
         except OSError as e:
             raise ValueError(f"cannot write to {setting}={out_dir!r}: {e.strerror or e}; pick another --{setting}") \
                 from None
