@@ -176,8 +176,10 @@ def fits_every_width(cfg, n_head):
 
 
 def main(cfg):
-    """Train a GPT as cfg says and return it (unwrapped)."""
+    """Train a GPT as cfg says and return it (unwrapped), with torch's deterministic mode, which
+    compile_model may switch on, as it found it."""
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
+    deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         error, note, model, state = None, "", None, None
         try:  # every check comes before anything is written: bad input is one line, exit status 2
@@ -228,6 +230,7 @@ def main(cfg):
         stop_if_a_peer_is_gone(e)
         raise
     finally:
+        torch.use_deterministic_algorithms(deterministic)
         unlock_out_dir(cfg.out_dir)
         try:  # the stop's handlers stay until the group is left: a signal now is noted, not a death mid-barrier
             leave_process_group()

@@ -812,6 +812,24 @@ def test_a_model_that_cannot_compile_trains_uncompiled_with_a_note(tmp_path, dat
     assert all(p.grad is None for p in model.parameters()), "the compile attempt left gradients behind"
 
 
+def test_main_gives_torch_s_deterministic_mode_back_as_it_found_it(tmp_path, data_dir, monkeypatch):
+    """compile_model switches deterministic mode on for a CPU run (one seed, one set of weights); a caller
+    of train.main (a notebook, a test) then found it on, process-wide, after the run."""
+    import train
+    during, real_step = [], train.train_step
+
+    def step(*args, **kwargs):
+        during.append(torch.are_deterministic_algorithms_enabled())
+        return real_step(*args, **kwargs)
+    monkeypatch.setattr(torch, "compile", lambda fn, *args, **kwargs: fn)  # the mode, not inductor, is tested
+    monkeypatch.setattr(train, "train_step", step)
+    try:
+        train.main(tiny_config(data_dir, tmp_path / "out"))
+        assert during and all(during) and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 @pytest.mark.parametrize("where", ["compiling", "loading the data"])
 def test_ctrl_c_before_training_is_one_line_and_nothing_is_written(tmp_path, data_dir, monkeypatch, capsys, where):
     """Before train() takes Ctrl-C as a stop request (set-up: a GPT-2 download, a checkpoint or the data
