@@ -86,7 +86,7 @@ def flash_attn_package(backend, q, dropout_p):
 def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=None):
     """Raise ValueError, saying what to change, if `backend` is unknown or, when a device is given,
     cannot run on that device and dtype (with heads of head_size, where given). The one place a
-    backend is checked."""
+    backend is checked against a device; GPTConfig refuses an unknown name before a model gets here."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if device_type is None:

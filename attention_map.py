@@ -110,9 +110,10 @@ def packed(t):
     return base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode("ascii")
 
 
-def plot_attention(weights, labels, png_path, layer=0, head=0):
+def plot_attention(weights, labels, path, layer=0, head=0):
     """weights: per-layer tensors (nh, T, T) for one sequence; labels: the T tokens as text.
-    Left: every layer x head as a small grid; right: the chosen (layer, head) large, labelled."""
+    Left: every layer x head as a small grid; right: the chosen (layer, head) large, labelled. Written
+    to path in the format its extension names (PICTURE_FORMATS)."""
     import matplotlib
     matplotlib.use("Agg")  # files only; works on machines without a screen
     import matplotlib.pyplot as plt
@@ -141,6 +142,6 @@ def plot_attention(weights, labels, png_path, layer=0, head=0):
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
     try:  # whole or not at all, as the page: a full disk leaves the picture that was there
-        atomic_write(png_path, lambda f: fig.savefig(f, format=os.path.splitext(png_path)[1][1:].lower(), dpi=100))
+        atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:].lower(), dpi=100))
     finally:
         plt.close(fig)

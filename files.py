@@ -140,7 +140,7 @@ class NotSavedByTorch(ValueError):
     """A file that torch.save did not write: not a zip archive."""
 
 
-def load_torch_file(path, map_location="cpu"):
+def load_torch_file(path):
     """What torch.save wrote to path, loaded with weights_only=True: plain data and tensors, so that
     loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
     NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of
@@ -148,7 +148,7 @@ def load_torch_file(path, map_location="cpu"):
     import torch  # here, not at the top: data/prepare.py writes through this module and starts without torch
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def check_stdout():

@@ -101,7 +101,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, config):
         super().__init__()
@@ -183,7 +183,7 @@ class GPT(nn.Module):
             x = block(x, kv_cache[i] if kv_cache else None, rotary)
         if last_only:  # sampling reads only the newest position: skip the vocabulary matmul for the others
             x = x[:, -1:]
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab); (B, 1, vocab) with last_only
         loss = None
         if targets is not None:  # reshape, not view: a sliced target such as x[:, 1:] is not contiguous
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=-1)

@@ -6,7 +6,7 @@ Train a GPT. On one CPU out of the box:
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.toml
 
 The settings come first (TrainConfig, `python train.py --help`); then `main` tells the story in
-order, and the functions after it are its steps, in the order it calls them.
+order, and the functions after it are its steps.
 """
 import collections
 import contextlib

