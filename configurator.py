@@ -34,11 +34,17 @@ class OutOfRange(ConfigError):
     """A value of the right type that no setting can take (an integer beyond 64 bits)."""
 
 
+def under_torchrun():
+    """Whether this process is one of torchrun's workers: torchrun gives each its RANK (with LOCAL_RANK,
+    WORLD_SIZE, LOCAL_WORLD_SIZE), and train.py then joins their process group."""
+    return "RANK" in os.environ
+
+
 def fail(message, status=2):
     """The one way scripts report bad input: a single line on stderr, no traceback. Under torchrun, where
     every process reaches this verdict (distributed.fail_together), each machine's first process says it
     and the others exit quietly, so the terminal shows the line once rather than once per process."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("LOCAL_RANK", "0") == "0":  # torchrun sets both
+    if not under_torchrun() or os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"error: {message}", file=sys.stderr)
     sys.exit(status)
 

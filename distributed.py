@@ -14,7 +14,7 @@ import traceback
 
 import torch
 
-from configurator import fail
+from configurator import fail, under_torchrun
 
 
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends (linux/prctl.h)
@@ -96,7 +96,7 @@ class AgreementSchedule:
 def relaunch_command(args):
     """The command line that starts this script again with args: `python train.py ARGS`, or under
     torchrun, torchrun with its own options (read from its process, where Linux shows them)."""
-    if "LOCAL_WORLD_SIZE" not in os.environ:  # not started by torchrun
+    if not under_torchrun():
         return shlex.join(["python", os.path.relpath(sys.argv[0]), *args])
     return shlex.join(["torchrun", *torchrun_options(), os.path.relpath(sys.argv[0]), *args])
 
@@ -114,7 +114,7 @@ def torchrun_options():
     script = os.path.basename(sys.argv[0])
     end = next((i for i, name in enumerate(names) if start is not None and i >= start and name == script), None)
     if end is None:
-        return [f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}"]
+        return [f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', 1)}"]
     return launcher[start:end]
 
 

@@ -34,7 +34,7 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
                         torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import check_at_least, config_from_argv, fail, first_line
+from configurator import check_at_least, config_from_argv, fail, first_line, under_torchrun
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -262,7 +262,7 @@ class Setup:
 
 def set_up(cfg):
     """Read torchrun's RANK, LOCAL_RANK, WORLD_SIZE; pick device and dtype; check; join the group."""
-    distributed = "RANK" in os.environ
+    distributed = under_torchrun()
     rank, local_rank, world_size = (int(os.environ.get(k, 0 if k != "WORLD_SIZE" else 1))
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine

@@ -481,10 +481,26 @@ def test_a_local_rank_left_in_the_environment_does_not_silence_errors(monkeypatc
     launcher is not one of them."""
     from configurator import fail
     monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(SystemExit):
         fail("bad input")
     assert capsys.readouterr().err == "error: bad input\n"
+
+
+def test_fail_and_the_resume_hint_take_torchrun_s_workers_by_the_sign_train_py_joins_a_group_on(monkeypatch, capsys):
+    """RANK, which set_up reads: a launcher that gave RANK and LOCAL_RANK but not torchrun's other variables
+    had train.py join a group while every worker printed each error line and the resume hint said
+    `python train.py` (three checks, three variables)."""
+    from configurator import fail
+    from distributed import relaunch_command
+    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit):
+        fail("bad input")
+    assert capsys.readouterr().err == ""  # the machine's first worker says it
+    assert relaunch_command(["--max_iters=5"]).startswith("torchrun --nproc_per_node=1 ")
 
 
 def test_under_torchrun_bad_input_is_said_once(tmp_path, data_dir):
