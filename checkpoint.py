@@ -12,7 +12,10 @@ import math
 import os
 import pickle
 import random
+import re
 import socket
+import struct
+import warnings
 import zipfile
 from dataclasses import fields
 
@@ -80,19 +83,28 @@ def load_checkpoint(path):
         raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
     try:
-        return load_torch_file(path)
+        with warnings.catch_warnings():  # damage makes torch warn on its way (a pickle protocol, TypedStorage)
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+            return load_torch_file(path)
     except NotSavedByTorch:
         raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
                          "a zip archive); train again, or point --out_dir at the run that wrote it") from None
     except pickle.UnpicklingError as e:
         lines = [line.strip() for line in str(e).splitlines()]
-        named_global = next((line for line in lines if "GLOBAL" in line), "")
-        if named_global:  # a class or function by name: loading it would run code
-            raise ValueError(f"{path} contains Python objects that are not plain data or tensors, so it was not "
-                             f"loaded (weights_only=True keeps a checkpoint from running code): {named_global}") from None
-        detail = next((line for line in lines if "WeightsUnpickler error:" in line), lines[0] if lines else "")
+        named_global = re.search(r"GLOBAL (\S+)", str(e))
+        if named_global:  # a class or function by name: loading it would run code (torch's advice, to allow
+            # it, is left out: a damaged byte names a class no one wrote, and the user is not to trust it)
+            raise ValueError(f"{path} contains a Python object that is not plain data or tensors, "
+                             f"{named_global[1]}, so it was not loaded (weights_only=True keeps a checkpoint from "
+                             "running code)") from None
+        # torch's reason follows its "WeightsUnpickler error:", on that line or (torch 2.13) the next one
+        after = "\n".join(lines).partition("WeightsUnpickler error:")[2].splitlines()
+        detail = next((line.strip() for line in after if line.strip()), lines[0] if lines else "")
         raise ValueError(f"{path} is corrupt and cannot be loaded ({detail})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+    # a damaged pickle also derails torch's unpickler into Python's own errors (a memo key it never stored,
+    # an assert on a record's form, a short struct), each as likely as the other: one byte flipped decides
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError, TypeError,
+            AttributeError, AssertionError, struct.error) as e:
         raise ValueError(f"{path} is truncated or corrupt and cannot be loaded "
                          f"({first_line(e, with_type=True)})") from None
 
