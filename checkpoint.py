@@ -24,8 +24,7 @@ import torch
 
 from configurator import first_line, whole_number
 from data.tokenizer import tokenizer_from_meta
-from files import (NotSavedByTorch, atomic_write, load_torch_file, new_directories, remove_empty_directories,
-                   write_probe)
+from files import NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, writable_directory
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
 
@@ -261,12 +260,8 @@ def check_out_dir(out_dir, resuming, overwrite):
     if not resuming and not overwrite and os.path.exists(path):
         raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
                          "--out_dir, or start again in this one with --overwrite=true")
-    try:
-        with new_directories(out_dir) as made:  # a failed probe leaves no empty out_dir behind
-            write_probe(out_dir, 1 << 20)
-    except OSError as e:
-        raise ValueError(f"cannot write to out_dir={out_dir!r}: {e.strerror}; pick another --out_dir "
-                         "or free some space") from None
+    with writable_directory(out_dir, "out_dir", room=1 << 20) as made:  # a failed probe leaves no empty out_dir
+        pass
     lock_out_dir(out_dir, made)
 
 

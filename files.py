@@ -6,6 +6,7 @@ errors that say which flag named it and what to give instead; reading back what 
 and standard output whose reader may leave (`python train.py | head -3`) or whose disk fills up.
 """
 import contextlib
+import errno
 import glob
 import os
 import sys
@@ -96,6 +97,27 @@ def write_probe(folder, size=0):
             f.write(bytes(size))
             f.flush()
             os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def writable_directory(path, setting, room=0):
+    """new_directories(path) for the block, once a file of `room` bytes can be written in it (write_probe).
+    Where it cannot (a parent that is a file, a read-only place, no permission, a full disk), a ValueError
+    that names the setting (out_dir, data_dir) and says what to change, and the directories made are gone."""
+    parent = path
+    while parent and not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ValueError(f"cannot write to {setting}={path!r}: {parent} is not a directory; pick another --{setting}")
+    with contextlib.ExitStack() as stack:
+        try:
+            made = stack.enter_context(new_directories(path))
+            write_probe(path, room)
+        except OSError as e:
+            full = "free some space or " if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise ValueError(f"cannot write to {setting}={path!r}: {e.strerror or e}; {full}pick another "
+                             f"--{setting}") from None
+        yield made
 
 
 def check_writable(path):

@@ -21,7 +21,6 @@ directories it made. A data dir is complete only once meta.json exists: it is de
 written last, and every file is written under a temporary name and renamed into place, so an
 interrupted run never leaves a complete-looking half file.
 """
-import contextlib
 import glob
 import itertools
 import json
@@ -44,8 +43,8 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
 from configurator import config_from_argv, fail, first_line  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
-from files import (atomic_write, check_text_file, clear_stale_temporaries, new_directories,  # noqa: E402
-                   read_text_file, temporary_path, write_probe)
+from files import (atomic_write, check_text_file, clear_stale_temporaries, read_text_file,  # noqa: E402
+                   temporary_path, writable_directory)
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -97,25 +96,6 @@ def _tmp_path(path):
     tmp = temporary_path(path, os.getpid())
     open(tmp, "wb").close()
     return tmp
-
-
-@contextlib.contextmanager
-def _writable_out_dir(out_dir, setting="out_dir"):
-    """Make out_dir (a normalised path) and check that a file can be written in it, before any text is read or downloaded
-    (a large dataset takes hours). A run that fails after that removes the directories it made. setting: the
-    flag that named out_dir, for the errors (train.py's is data_dir)."""
-    parent = out_dir
-    while parent and not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise ValueError(f"cannot write to {setting}={out_dir!r}: {parent} is not a directory; pick another --{setting}")
-    with new_directories(out_dir):
-        try:
-            write_probe(out_dir)
-        except OSError as e:
-            raise ValueError(f"cannot write to {setting}={out_dir!r}: {e.strerror or e}; pick another --{setting}") \
-                from None
-        yield
 
 
 def _staging(out_dir):
@@ -367,7 +347,7 @@ def prepare_shakespeare_char(out_dir=SHAKESPEARE_CHAR_DIR, plays="all"):
 def prepare_default_corpus(data_dir):
     """What `python data/prepare.py` writes, for train.py's first run: its folder checked first and removed
     again if the run fails, as prepare.py's, and named by train.py's setting, data_dir."""
-    with _writable_out_dir(os.path.normpath(data_dir), "data_dir"):
+    with writable_directory(os.path.normpath(data_dir), "data_dir"):
         return prepare_shakespeare_char(data_dir)
 
 
@@ -485,7 +465,7 @@ def prepare(cfg):
     if tokenizer == "auto":
         tokenizer = "gpt2" if cfg.input or cfg.dataset else "char"
     out_dir = os.path.normpath(cfg.out_dir or SHAKESPEARE_DIRS[tokenizer, cfg.plays])  # new/../x: no new/ made
-    with _writable_out_dir(out_dir):
+    with writable_directory(out_dir, "out_dir"):  # before any text is read or downloaded (hours, for a large one)
         return _prepare_source(cfg, tokenizer, out_dir)
 
 

@@ -561,7 +561,8 @@ def test_cli_errors(tmp_path, run_main):
 @pytest.mark.parametrize("out_dir, expected", [
     ("afile", "cannot write to out_dir='afile': afile is not a directory; pick another --out_dir"),
     ("afile/sub", "cannot write to out_dir='afile/sub': afile is not a directory; pick another --out_dir"),
-    ("read_only/sub", "cannot write to out_dir='read_only/sub': Read-only file system; pick another --out_dir")])
+    ("read_only/sub", "cannot write to out_dir='read_only/sub': Read-only file system; pick another --out_dir"),
+    ("immutable/sub", "cannot write to out_dir='immutable/sub': Operation not permitted; pick another --out_dir")])
 @pytest.mark.parametrize("source", [["--dataset=someone/some_dataset"], ["--input=a.txt"], []],
                          ids=["dataset", "input", "shakespeare"])
 def test_cli_checks_out_dir_before_reading_any_text(tmp_path, run_main, monkeypatch, out_dir, expected, source):
@@ -577,6 +578,14 @@ def test_cli_checks_out_dir_before_reading_any_text(tmp_path, run_main, monkeypa
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return real_temporary_file(*args, dir=dir, **kwargs)
     monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    (tmp_path / "immutable").mkdir()
+    real_makedirs = os.makedirs
+
+    def makedirs(path, *args, **kwargs):  # a folder no one may add to (chattr +i), where its sub-folder is made
+        if "immutable" in str(path):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM), str(path))
+        return real_makedirs(path, *args, **kwargs)
+    monkeypatch.setattr(os, "makedirs", makedirs)
 
     def read(*args, **kwargs):
         raise AssertionError("text read before --out_dir was checked")
@@ -584,7 +593,8 @@ def test_cli_checks_out_dir_before_reading_any_text(tmp_path, run_main, monkeypa
         monkeypatch.setattr(data.prepare, name, read)
     status, _, err = run_main(*source, f"--out_dir={out_dir}", cwd=tmp_path)
     assert_one_error_line(status, err, expected)
-    assert sorted(os.listdir(tmp_path)) == ["a.txt", "afile", "read_only"] and not os.listdir(tmp_path / "read_only")
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "afile", "immutable", "read_only"]
+    assert not os.listdir(tmp_path / "read_only") and not os.listdir(tmp_path / "immutable")
 
 
 def test_cli_failed_run_removes_the_directories_it_made(tmp_path, run_main):
