@@ -43,8 +43,8 @@ if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; t
 from configurator import config_from_argv, fail, first_line  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
-from files import (atomic_write, check_text_file, clear_stale_temporaries, read_text_file,  # noqa: E402
-                   temporary_path, writable_directory)
+from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
+                   clear_stale_temporaries, read_text_file, temporary_path, writable_directory)
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -493,16 +493,29 @@ def _prepare_source(cfg, tokenizer, out_dir):
 
 def main():
     cfg = config_from_argv(PrepareConfig)
+    # what this prints is a report, not the product: a reader of stdout that leaves (| head) drops the rest
+    # of it, and a full disk under stdout sends it to stderr; neither stops the data being written
+    stdout = sys.stdout
+    if stdout is not None:  # none at all (1>&-): print() then writes nothing, and that is all right here
+        sys.stdout = OutputThatMayClose(stdout, on_close=lambda error: None)
     try:
-        info = prepare(cfg)
+        info = prepare_or_fail(cfg)
+        print(f"{info['tokenizer']} tokenizer, vocab_size {info['vocab_size']:,}: "
+              f"{info['train_tokens']:,} train tokens, {info['val_tokens']:,} val tokens")
+        for path in info["paths"]:
+            print(f"wrote {path}")
+    finally:
+        sys.stdout = stdout
+
+
+def prepare_or_fail(cfg):
+    """prepare(cfg), or an exit with one line: bad input (status 2) or Ctrl-C (128 + SIGINT)."""
+    try:
+        return prepare(cfg)
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
     except KeyboardInterrupt:  # the files are written beside their names and renamed at the end
         fail("interrupted; the data dir was left as it was", status=128 + signal.SIGINT)
-    print(f"{info['tokenizer']} tokenizer, vocab_size {info['vocab_size']:,}: "
-          f"{info['train_tokens']:,} train tokens, {info['val_tokens']:,} val tokens")
-    for path in info["paths"]:
-        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

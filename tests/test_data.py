@@ -1,6 +1,7 @@
 """Tests for the data package: the offline Shakespeare corpus, both tokenizers, the .bin/meta.json
 format, and data/prepare.py's command line. No network: sockets are blocked in this process, and
 the scripts it starts run with the Hugging Face libraries offline."""
+import contextlib
 import dataclasses
 import errno
 import importlib
@@ -482,6 +483,28 @@ def run_cli(*args, cwd, module=False):
            "HF_DATASETS_CACHE": os.path.join(str(cwd), "hf_cache")}
     return subprocess.run([sys.executable, *script, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("stdout", ["a reader that left", "a full disk", "closed"])
+def test_a_stdout_that_takes_no_report_costs_the_report_not_the_data(tmp_path, stdout):
+    """prepare.py's output is its files; what it prints is a report. A reader that left (| head) made the
+    report's last lines a BrokenPipeError traceback, a full disk an OSError one, or (the corpus's first line)
+    a refusal that read as if the data's own disk were full."""
+    (tmp_path / "a.txt").write_text("some text, long enough to split in two\n" * 20)
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    target = {"a reader that left": write, "a full disk": "/dev/full", "closed": subprocess.DEVNULL}[stdout]
+    if target == "/dev/full" and not os.path.exists(target):
+        pytest.skip("no /dev/full here")
+    with open(target, "w") if isinstance(target, str) else contextlib.nullcontext(target) as out:
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "data", "prepare.py"), "--input=a.txt",
+                               "--tokenizer=char", "--out_dir=out"], cwd=tmp_path, stdout=out, stderr=subprocess.PIPE,
+                              text=True, timeout=120, preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    os.close(write)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "error" not in proc.stderr, proc.stderr
+    assert sorted(os.listdir(tmp_path / "out")) == ["meta.json", "train.bin", "val.bin"]
+    if stdout == "a full disk":  # the report is said where it can be read
+        assert "wrote out/train.bin" in proc.stderr, proc.stderr
 
 
 @pytest.fixture
