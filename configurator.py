@@ -170,12 +170,16 @@ def help_text(cls):
 
 def print_help(cls):
     """Print help_text and exit 0; a reader that leaves early (python train.py --help | head) ends it
-    quietly, with 128 + SIGPIPE as a Unix tool would, not with a BrokenPipeError."""
+    quietly, with 128 + SIGPIPE as a Unix tool would, not with a BrokenPipeError; a full disk under
+    stdout is one line."""
     try:
         print(help_text(cls), flush=True)
     except BrokenPipeError:
         silence(sys.stdout)
         sys.exit(128 + signal.SIGPIPE)
+    except OSError as e:
+        silence(sys.stdout)  # what is still buffered would fail again at exit
+        fail(f"could not write the help to stdout: {e.strerror or e}", status=1)
     sys.exit(0)
 
 

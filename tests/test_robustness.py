@@ -774,6 +774,16 @@ def test_help_to_a_reader_that_has_left_ends_quietly(script):
     assert proc.returncode == 128 + signal.SIGPIPE and proc.stderr == "", proc.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full: a file that is always full")
+@pytest.mark.parametrize("script", ["sample.py", "data/prepare.py"])
+def test_help_to_a_full_disk_is_one_line(script):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=ENV, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr == "error: could not write the help to stdout: No space left on " \
+        "device\n", proc.stderr
+
+
 def sample_py_streaming(out_dir, *python):
     """`python sample.py` from out_dir/ckpt.pt writing a million tokens, run by python (the arguments
     before the script), once it has streamed its first ten bytes: (the process, those bytes)."""
