@@ -178,7 +178,6 @@ def print_help(cls):
         silence(sys.stdout)
         sys.exit(128 + signal.SIGPIPE)
     except OSError as e:
-        silence(sys.stdout)  # what is still buffered would fail again at exit
         fail(f"could not write the help to stdout: {e.strerror or e}", status=1)
     sys.exit(0)
 
