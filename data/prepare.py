@@ -176,10 +176,10 @@ def _existing_files(files):
 
 def _nonempty_documents(docs):
     """docs without the empty ones; a value that is not text (a None in a dataset column) is an error."""
-    for doc in docs:
+    for i, doc in enumerate(docs):
         if not isinstance(doc, str):
-            raise ValueError(f"expected text documents, got {type(doc).__name__}; pick a column of text with "
-                             "--text_column")
+            raise ValueError(f"document {i} is {type(doc).__name__}, not text: fill or drop that row, or pick a "
+                             "column of text with --text_column")
         if doc:
             yield doc
 
@@ -246,8 +246,10 @@ def load_text_dataset(dataset, cache_dir=None):
         import datasets
     except ImportError:
         raise ValueError("--dataset needs the datasets package: pip install -r requirements.txt") from None
-    verbosity = datasets.logging.get_verbosity()
+    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its log of an error that we report in one line
+    if not sys.stderr.isatty():  # a log file, not a person: bars there are noise, and before an error a second line
+        datasets.disable_progress_bars()
     try:
         files = _local_data_files(dataset)
         if files is not None:
@@ -256,7 +258,10 @@ def load_text_dataset(dataset, cache_dir=None):
                 raise ValueError(f"{dataset} mixes file types ({', '.join(sorted(kinds))}); use one kind")
             builder = kinds.pop()
             extra = {"sample_by": "document"} if builder == "text" else {}
-            return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **extra)
+            try:
+                return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **extra)
+            except ValueError as e:  # the files' own bytes (pyarrow's ArrowInvalid: a file that is not parquet)
+                raise ValueError(f"could not load dataset {dataset!r} as {builder} files: {first_line(e)}") from None
         _check_hub_reachable(dataset)
         return datasets.load_dataset(dataset, cache_dir=cache_dir)
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
@@ -264,6 +269,8 @@ def load_text_dataset(dataset, cache_dir=None):
         raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
     finally:
         datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
