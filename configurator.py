@@ -199,6 +199,9 @@ def load_config(cls, argv):
         raise ConfigError(f"write flags as --key=value (e.g. {arg}=...), got {arg!r}")
     values = {}
     for path in [a for a in argv if not a.startswith("--")]:  # files first, so flags win
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise ConfigError(f"config file {path!r} is a {'directory' if os.path.isdir(path) else 'pipe or device'}; "
+                              "give a TOML file")
         if not os.path.isfile(path):
             here = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
             raise ConfigError(f"config file {path!r} not found" + (f"; configs/ has: {', '.join(here)}" if here else ""))

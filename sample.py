@@ -8,6 +8,7 @@ attention (attention_map.py renders the pictures):
     python sample.py --start="ROMEO:" --attention_map=attn.html   # explore its attention, step by step
 """
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -67,7 +68,8 @@ class SampleConfig:
                 raise ValueError(f"attention_map={self.attention_map!r}: the extension picks the format, one of "
                                  f"{', '.join(PICTURE_FORMATS)}")
             if not os.path.isdir(folder):
-                raise ValueError(f"attention_map={self.attention_map!r}: there is no directory {folder}")
+                there = "is not a directory" if os.path.exists(folder) else "does not exist"
+                raise ValueError(f"attention_map={self.attention_map!r}: {folder} {there}")
         check_threads(self.threads)
         check_at_least(self, 1, "num_samples")
 
@@ -129,8 +131,9 @@ def main(cfg):
     except OSError as e:  # writing the map (samples go to stdout, whose reader leaving is a stop)
         if not cfg.attention_map:
             raise
-        fail(f"could not write {cfg.attention_map}: {e.strerror or e}; the file that was there is kept; free some "
-             "space or pick another place", status=1)
+        kept = "; the file that was there is kept" if os.path.exists(cfg.attention_map) else ""
+        full = "free some space or " if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        fail(f"could not write {cfg.attention_map}: {e.strerror or e}{kept}; {full}pick another place", status=1)
 
 
 @contextlib.contextmanager

@@ -211,6 +211,8 @@ def _local_data_files(dataset):
         if not splits:
             raise ValueError(f"{dataset} holds no {'/'.join(_BUILDERS)} files")
         return splits
+    if os.path.exists(dataset):  # there, but read once or never ends: not "no such file"
+        raise ValueError(f"{dataset} is not a regular file (a pipe or a device, say); save the data in a file")
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
         raise ValueError(f"no such file: {dataset}")  # a path's spelling (a Hub name never ends in "/")
     return None  # a Hub name like "karpathy/tiny_shakespeare"

@@ -688,9 +688,10 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=numbers.jsonl", "--tokenizer=char"], "document 0 is int, not text"),
     (["--dataset=a_null.jsonl"], "document 1 is NoneType, not text: fill or drop that row"),
     (["--dataset=bad.parquet"], "could not load dataset 'bad.parquet' as parquet files: Parquet magic bytes not "
-                                "found in footer.")],
+                                "found in footer."),
+    (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
     ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
-         "no_val_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet"])
+         "no_val_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line, and nothing before it on stderr that is not a terminal
     (datasets' progress bars were); a dataset that datasets cannot read too (its errors, pyarrow's, and the
@@ -698,6 +699,7 @@ def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{not json\n')
     (tmp_path / "a_null.jsonl").write_text('{"text": "words"}\n{"text": null}\n')
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 but not parquet" * 20)
+    os.mkfifo(tmp_path / "pipe.jsonl")
     import datasets
     datasets.enable_progress_bars()  # as a process starts: the run turns them off for itself only
     (tmp_path / "ok.jsonl").write_text('{"text": "hello world"}\n{"text": "more words here"}\n')

@@ -917,29 +917,37 @@ def test_sample_py_out_of_memory_is_one_line(trained, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("name", ["attn.png", "attn.html"])
-def test_an_attention_map_that_cannot_be_written_keeps_the_old_one(trained, tmp_path, monkeypatch, capsys, name):
+@pytest.mark.parametrize("error, there", [("ENOSPC", True), ("EPERM", False)], ids=["full-disk", "not-permitted"])
+def test_an_attention_map_that_cannot_be_written_keeps_the_old_one(trained, tmp_path, monkeypatch, capsys, name,
+                                                                   error, there):
     """A full disk while the map is written: the file that was there stays whole, no temporary file is
-    left, and the run says so in one line (the picture had been written in place: a 0-byte attn.png)."""
+    left, and the run says so in one line (the picture had been written in place: a 0-byte attn.png).
+    A file it may not write where none was: no word of a kept file, or of space."""
     import errno
     import os
 
     import files
     import sample
     path = tmp_path / name
-    path.write_text("the map of an earlier run")
+    if there:
+        path.write_text("the map of an earlier run")
     real_fsync = os.fsync
+    code = getattr(errno, error)
 
-    def full_disk(fd):
+    def cannot(fd):
         real_fsync(fd)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(files.os, "fsync", full_disk)
+    monkeypatch.setattr(files.os, "fsync", cannot)
     with pytest.raises(SystemExit) as stopped:
         sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", attention_map=str(path), max_new_tokens=3))
     err = capsys.readouterr().err
-    assert stopped.value.code == 1 and err == (f"error: could not write {path}: No space left on device; the file that "
-                                               "was there is kept; free some space or pick another place\n"), err
-    assert path.read_text() == "the map of an earlier run" and os.listdir(tmp_path) == [name]
+    said = (f"error: could not write {path}: No space left on device; the file that was there is kept; free some "
+            "space or pick another place\n" if there else
+            f"error: could not write {path}: Operation not permitted; pick another place\n")
+    assert stopped.value.code == 1 and err == said, err
+    assert os.listdir(tmp_path) == ([name] if there else [])
+    assert not there or path.read_text() == "the map of an earlier run"
 
 
 def test_ran_out_of_memory_knows_every_allocators_error_and_nothing_else():
@@ -1205,6 +1213,8 @@ CASES = [
     Case("wrong-type", lambda c: train_args(c, "--n_layer=two"), lambda c: ["n_layer", "'two'"]),
     Case("config-missing", lambda c: [*train_args(c), str(c.dir / "missing.toml")],
          lambda c: [str(c.dir / "missing.toml"), "not found"]),
+    Case("config-a-directory", lambda c: [*train_args(c), str(c.dir)],
+         lambda c: [f"config file '{c.dir}' is a directory; give a TOML file"]),
     Case("config-not-toml", lambda c: [*train_args(c), str(c.dir / "bad.toml")],
          lambda c: [str(c.dir / "bad.toml"), "TOML"]),
     Case("n_embd-not-divisible", lambda c: train_args(c, "--n_embd=30", "--n_head=4"),
@@ -1326,7 +1336,9 @@ CASES = [
     Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
     Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),
-         lambda c: [f"there is no directory {c.dir}/no"]),
+         lambda c: [f"{c.dir}/no does not exist"]),
+    Case("sample-attention-map-under-a-file", lambda c: (c.dir / "plain").write_text("x") and sample_args(
+        c, f"--attention_map={c.dir}/plain/a.png"), lambda c: [f"{c.dir}/plain is not a directory"]),
     Case("sample-attention-map-unknown-format", lambda c: sample_args(c, f"--attention_map={c.dir}/a"),
          lambda c: ["extension", ".png"]),
     # the checkpoint's own backend, not only --attention, is checked before the prompt is printed
