@@ -44,7 +44,7 @@ from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, 
 from files import OutputThatMayClose, check_stdout
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
-from optim import Muon, configure_optimizers, lr_multiplier, set_lr, unused_schedule_settings
+from optim import Muon, configure_optimizers, lr_multiplier, schedule_note, set_lr
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
@@ -176,8 +176,7 @@ def fits_every_width(cfg, n_head):
 
 
 def main(cfg):
-    """Train a GPT as cfg says and return it (unwrapped), with torch's deterministic mode, which
-    compile_model may switch on, as it found it."""
+    """Train a GPT as cfg says and return it (unwrapped); torch's deterministic mode is left as it was."""
     stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
@@ -190,7 +189,7 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
-            note = "\n".join(filter(None, [note, unused_schedule_settings(cfg)]))
+            note = "\n".join(filter(None, [note, schedule_note(cfg)]))
             check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, head_size(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)

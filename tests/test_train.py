@@ -295,7 +295,7 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     import dataclasses
     import train
     from checkpoint import NEUTRAL_SETTINGS
-    cfg = dict(compile=False, max_iters=4, eval_interval=2)
+    cfg = dict(compile=False, max_iters=4, eval_interval=2, warmup_iters=2)  # past warm-up: no note of it
     interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     capsys.readouterr()
     same = dataclasses.replace(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1),
@@ -321,7 +321,7 @@ def test_a_checkpoint_of_older_code_resumes_without_naming_changes_that_did_not_
     resumes such a checkpoint with no note."""
     import train
     from checkpoint import save_checkpoint
-    cfg = dict(compile=False, max_iters=4, eval_interval=2)
+    cfg = dict(compile=False, max_iters=4, eval_interval=2, warmup_iters=2)  # past warm-up: no note of it
     interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     checkpoint = load(tmp_path / "ckpt.pt")
     checkpoint["config"].update(dtype="auto", gradient_accumulation_steps=0)
@@ -1361,6 +1361,18 @@ def test_an_iteration_decay_under_a_clock_schedule_is_named_as_unused(tmp_path, 
            "(--max_seconds=0 decays it by iterations)\n" in capsys.readouterr().out
     train.main(tiny_config(data_dir, tmp_path / "b", compile=False, max_iters=2, lr_decay_iters=500))
     assert "note" not in capsys.readouterr().out  # max_seconds=0: the decay ends at lr_decay_iters
+
+
+def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data_dir, capsys):
+    """--max_seconds=0 --max_iters=60, the README's repeatable run, with the warm-up's 100 iterations: the
+    rate only rose, and nothing said so (an lr_decay_iters that ends within the warm-up is refused)."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3))
+    assert "note: max_iters=3 ends within the warm-up (warmup_iters=100): the learning rate only rises; set " \
+           "--warmup_iters below max_iters for a warm-up and a decay\n" in capsys.readouterr().out
+    for fine in (dict(warmup_iters=2), dict(max_seconds=60), dict(lr_decay_iters=200)):  # past it, or not by iterations
+        train.main(tiny_config(data_dir, tmp_path / str(fine), compile=False, max_iters=3, **fine))
+        assert "within the warm-up" not in capsys.readouterr().out, fine
 
 
 def test_the_decay_must_end_after_the_warm_up(TrainConfig):
