@@ -298,6 +298,9 @@ def test_the_same_characters_numbered_differently_are_named_so():
     from checkpoint import tokenizer_difference
     assert tokenizer_difference({"tokenizer": "char", "chars": "ab"}, {"tokenizer": "char", "chars": "ba"}) == \
         "the same characters, numbered differently"
+    # data with more characters: no "only the checkpoint's has ''"
+    assert tokenizer_difference({"tokenizer": "char", "chars": "ab"}, {"tokenizer": "char", "chars": "abc"}) == \
+        "character vocabularies: only the data's has 'c'"
 
 
 def test_missing_checkpoint_is_a_value_error(tmp_path):
