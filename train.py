@@ -181,7 +181,7 @@ def main(cfg):
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         error, note, model, state = None, "", None, None
-        try:  # every check comes before anything is written: bad input is one line, exit status 2
+        try:  # bad input: one line, exit status 2, before any output (load_data may first prepare the corpus)
             check_stdout()
             stop.watch_output()
             setup = set_up(cfg)
