@@ -106,11 +106,20 @@ def check_threads(n, setting="threads"):
                          + instead)
 
 
+# OpenMP told to bind its threads (OMP_PROC_BIND, as Intel's tuning guides advise) pins this process's first
+# thread to one CPU as torch loads, and that thread's affinity then reads one CPU. torch counted the CPUs
+# the process started with before that, for its default number of threads: read here, before any change.
+OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
+TORCH_STARTING_THREADS = torch.get_num_threads()
+
+
 def usable_cpus():
     """The CPUs this process may use: those it may run on (its affinity: taskset, or a container's
     cpuset), and no more than the CPU time its cgroups allow (a container's --cpus; rounded down:
     a thread beyond it spends the quota that the others' OpenMP barriers wait for)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if any(os.environ.get(name, "false").strip().lower() != "false" for name in OPENMP_BINDING):
+        cpus = max(cpus, min(TORCH_STARTING_THREADS, os.cpu_count() or 1))
     quota = cgroup_cpus()
     return max(1, min(cpus, int(quota))) if quota is not None else cpus
 

@@ -1705,6 +1705,23 @@ def test_a_containers_memory_limit_is_the_memory_a_model_must_fit_in(tmp_path, m
     assert memory_bytes("cpu") == physical
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here (macOS)")
+@pytest.mark.parametrize("binding", ["OMP_PROC_BIND=true", "OMP_PROC_BIND=spread", "OMP_PLACES=cores",
+                                     "GOMP_CPU_AFFINITY=0-1023"])
+def test_openmp_told_to_bind_its_threads_still_gets_every_cpu(binding):
+    """OpenMP binding its threads pins the first one to one CPU as torch loads: its affinity read 1 CPU, and
+    train.py ran on one thread of two, as Intel's tuning advice (OMP_PROC_BIND) has users set."""
+    import hardware
+    if hardware.usable_cpus() < 2:
+        pytest.skip("one CPU: one thread either way")
+    name, value = binding.split("=")
+    env = {k: v for k, v in ENV.items() if k not in (*hardware.OPENMP_BINDING, "OMP_NUM_THREADS")}
+    counted = subprocess.run([sys.executable, "-c", "import os, hardware; print(len(os.sched_getaffinity(0)), "
+                              "hardware.pick_threads(0))"], cwd=ROOT, env={**env, name: value},
+                             capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert counted == ["1", str(hardware.usable_cpus())], counted  # bound, and every CPU all the same
+
+
 def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
     import hardware
     from hardware import pick_threads
