@@ -2,9 +2,9 @@
 Settings for every script: a dataclass gives each one a type, a default and (in its trailing
 comment) a meaning; a TOML file overrides some, `--key=value` flags override those. Nothing is
 exec'd; a wrong key or value is one clear line (fail), as is any bad input (first_line makes an
-exception's message one; whole_number is the count check every module shares, check_at_least the range check). The dataclasses
-live with their scripts: TrainConfig in train.py, SampleConfig in sample.py, PrepareConfig in
-data/prepare.py.
+exception's message one; whole_number is the count check every module shares, check_at_least the
+range check). The dataclasses live with their scripts: TrainConfig in train.py, SampleConfig in
+sample.py, PrepareConfig in data/prepare.py.
 
     python train.py configs/shakespeare_char_gpu.toml --batch_size=16 --compile=true
     python train.py --help
