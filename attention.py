@@ -117,7 +117,9 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
 
 class KVCache:
     """Keys and values of the tokens already seen, so each new token costs one row of attention
-    instead of a recomputation of the whole context. One per attention layer."""
+    instead of a recomputation of the whole context. One per attention layer. It is for decoding:
+    each call writes into the buffers an earlier call read, so gradients reach through the newest
+    call only (autograd refuses a backward through two)."""
 
     def __init__(self, max_len):
         self.max_len = max_len

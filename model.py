@@ -35,7 +35,7 @@ class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # width of the residual stream
-    dropout: float = 0.0  # on attention weights and residual branches while training
+    dropout: float = 0.0  # on the embeddings, attention weights and residual branches while training
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2 has
     attention: Backend = "manual"  # who computes attention: the hand-written path or a fused kernel
     # beyond GPT-2 (the defaults are GPT-2's, so its weights load): options from later models
@@ -157,8 +157,9 @@ class GPT(nn.Module):
         if block_size > self.config.block_size:
             raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
         self.config.block_size = block_size
-        if "wpe" in self.transformer:
-            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size])
+        if "wpe" in self.transformer:  # a copy of the rows kept: a view would keep (and save) the whole table
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+            self.transformer.wpe.num_embeddings = block_size
 
     def new_kv_cache(self):
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
@@ -226,6 +227,9 @@ class GPT(nn.Module):
         list of one per row, so that each row draws what it would draw alone. A model in training mode
         samples in eval mode (no dropout) until the stream ends or is closed."""
         check_sampling(temperature, top_k, top_p, max_new_tokens)
+        if vocab_size is not None and not (whole_number(vocab_size) and 1 <= vocab_size <= self.config.vocab_size):
+            raise ValueError(f"vocab_size must be a whole number from 1 to the model's {self.config.vocab_size}, "
+                             f"or None for all, got {vocab_size}")
         B, T = idx.shape
         if isinstance(generator, (list, tuple)) and len(generator) != B:
             raise ValueError(f"{len(generator)} generators for {B} rows: give one per row, or one for them all")
@@ -315,7 +319,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
     softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p.
     generator: one torch.Generator, or a list of one per row (each row's draws then its own)."""
-    if temperature == 0:
+    if temperature < torch.finfo(torch.float32).tiny:  # 0, or one that fp32 would round to 0 (0 / 0): greedy, its limit
         return logits.argmax(dim=-1, keepdim=True)
     logits = logits.float()
     # subtract the largest first: divided by a tiny temperature, the others go to -inf, never inf - inf

@@ -341,6 +341,8 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
         model.crop_block_size(8)
         after, _ = model(idx)
         assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+        assert model.transformer.wpe.num_embeddings == 8  # what the module says of itself, and what it saves:
+        assert model.transformer.wpe.weight.untyped_storage().nbytes() == 8 * model.config.n_embd * 4  # no dead rows
         torch.testing.assert_close(after, before, atol=1e-6, rtol=0)
         weights = model.attention_weights(idx)
         for w in weights:
@@ -662,6 +664,10 @@ def test_stream_samples_only_the_first_vocab_size_tokens():
     limited = model.generate(prompt, 40, temperature=2.0, generator=g, vocab_size=10)[:, 4:]
     assert free.max() >= 10, "the unrestricted model does sample later tokens"
     assert limited.max() < 10
+    for bad in (0, -3, 2.5, model.config.vocab_size + 1):  # -3 had sampled all but the last 3; 0 an IndexError
+        with pytest.raises(ValueError, match=rf"^vocab_size must be a whole number from 1 to the model's "
+                                             rf"{model.config.vocab_size}, or None for all, got {bad}$"):
+            model.generate(prompt, 2, vocab_size=bad)
 
 
 @pytest.mark.parametrize("options, match", [({"temperature": -1.0}, "temperature"),
@@ -712,6 +718,9 @@ def test_a_tiny_temperature_is_greedy_not_nan():
 def test_sample_next_temperature_zero_is_greedy():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1, keepdim=True))
+    # a positive temperature fp32 rounds to 0 (below ~7e-46): the largest logit was 0 / 0, and token 0 won every row
+    for tiny in (7e-46, 1e-300, 5e-324):
+        assert torch.equal(sample_next(logits, temperature=tiny), logits.argmax(-1, keepdim=True)), tiny
 
 
 def test_sample_next_top_k_one_is_greedy():
