@@ -55,6 +55,10 @@ from hardware import check_threads, separate_cores, usable_cpus
 from train import TrainConfig
 
 
+# train.py's settings that recipe.py gives each run (train_args), and the flag of its own that sets each instead
+RECIPE_SETS = {"seed": "--seeds", "max_seconds": "--max_seconds", "max_iters": "--iterations", "out_dir": "--work_dir"}
+
+
 @dataclass
 class RecipeBench:
     configs: str = "configs/nanogpt_cpu_reference.toml,default"  # comma-separated TOMLs; "default": no file
@@ -89,9 +93,13 @@ class RecipeBench:
         if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):
             raise ValueError(f"work_dir={self.work_dir!r} is a file, not a folder; pick another path")
         try:
-            shlex.split(self.train_args)
+            flags = shlex.split(self.train_args)
         except ValueError as e:  # an unclosed quote, say
             raise ValueError(f"train_args={self.train_args!r} cannot be split into flags ({e})") from None
+        for flag in flags:  # train.py takes the last of a flag given twice: these would quietly undo the table's
+            key = flag[2:].partition("=")[0]
+            if key in RECIPE_SETS:
+                raise ValueError(f"train_args sets {key}, which recipe.py sets for each run; use {RECIPE_SETS[key]}")
 
 
 def label(config):
@@ -187,16 +195,23 @@ def check_configs(cfg):
                                else os.path.abspath(c) for c in configs]
     if len({label(c) for c in configs}) != len(configs):
         fail("configs must have different file names (they label the runs)")
-    here = os.getcwd()
+    here, settings = os.getcwd(), {}
     for name, c in zip(given, configs):  # train.py's own checks of the settings it will get, before any run trains
         try:
             os.chdir(ROOT)  # where the runs start: a relative --init_from is found from there
-            load_config(TrainConfig, train_args(cfg, c, seed=0, out_dir="out"))
+            settings[name] = load_config(TrainConfig, train_args(cfg, c, seed=0, out_dir="out"))
         except (ConfigError, ValueError) as e:
             with_args = f" with --train_args={cfg.train_args!r}" if cfg.train_args else ""
             fail(f"{'the default config' if c == 'default' else name}{with_args}: {e}")
         finally:
             os.chdir(here)
+    # what the evaluation after training refuses, known now from the settings (it checks the checkpoints again)
+    data_dirs = {os.path.normpath(os.path.join(ROOT, t.data_dir)) for t in settings.values()}
+    if len(data_dirs) > 1:
+        fail(f"the configs train on different data ({', '.join(sorted(data_dirs))}); their losses would not compare")
+    too_small = [name for name, t in settings.items() if t.block_size < cfg.eval_block_size]
+    if too_small:
+        fail(f"eval_block_size={cfg.eval_block_size} exceeds the block_size of {', '.join(too_small)}")
     if cfg.base_repo:
         if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
             fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")

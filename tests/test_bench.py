@@ -369,6 +369,14 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--seeds=1,-1", "seeds=1,-1: seed must be in [0, 2**32), got -1"),
     ("bench/recipe.py", "--threads=-4", "threads must be at least 0"),
     ("bench/recipe.py", "--parallel=0", "parallel must be at least 1, got 0"),
+    # train.py takes a flag's last value: these had trained every "seed" with seed 7, or each run in one out_dir
+    ("bench/recipe.py", "--train_args=--seed=7", "train_args sets seed, which recipe.py sets for each run; use --seeds"),
+    ("bench/recipe.py", "--train_args=--out_dir=x", "train_args sets out_dir, which recipe.py sets for each run; use "
+                                                    "--work_dir"),
+    # known from the settings: refused before minutes of training, not after
+    ("bench/recipe.py", "--configs=default --eval_block_size=65", "eval_block_size=65 exceeds the block_size of default"),
+    ("bench/recipe.py", "--configs=default,configs/finetune_gpt2_shakespeare.toml",
+     "the configs train on different data"),
     ("bench/recipe.py", "--parallel=2", "parallel=2 needs --threads=N, the cores each run gets"),
     ("bench/recipe.py", "--parallel=100000 --threads=1", "parallel=100000 x threads=1 needs 100000 cores; this process"),
     ("bench/recipe.py", "--threads=100000", "threads=100000 is far more than the"),  # every run's train.py's refusal
