@@ -112,6 +112,9 @@ class SampleBench:
         if self.reference == "transformers" and self.out_dir:
             raise ValueError("reference=transformers runs GPT-2's architecture on random weights; a checkpoint's "
                              "model is another (drop --out_dir)")
+        if self.reference == "transformers" and self.temperature:  # its path decodes greedily: the same work, tokens
+            raise ValueError(f"reference=transformers compares greedy decoding (temperature=0), the same tokens on both "
+                             f"sides; temperature={self.temperature} would time sampling against it")
         check_at_least(self, 1, "max_new_tokens", "prompt_len", "repeats", *SHAPE, "block_size")
         check_at_least(self, 0, "profile", "warmup_tokens")
         check_sampling(self.temperature, top_k=None, top_p=None)

@@ -388,6 +388,7 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--configs=configs/gpt2_124m.toml,default --train_args=--n_layer=x",
      "configs/gpt2_124m.toml with --train_args='--n_layer=x': "),
     ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be at least 0, got -5"),
+    ("bench/sample.py", "--reference=transformers --temperature=1", "reference=transformers compares greedy decoding"),
     ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
     ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be at least 0"),
 ])
