@@ -47,7 +47,7 @@ import torch
 import attention as attn_mod
 from attention import BACKENDS, HOPPER, MultiHeadAttention, check_backend
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
-                             print_machine, resolve_device, set_threads, split_list, summary, timed, write_json)
+                             print_machine, resolve_device, run, set_threads, split_list, summary, timed, write_json)
 from configurator import check_at_least
 from hardware import pick_threads, ran_out_of_memory
 
@@ -414,4 +414,4 @@ def report(cfg, device, info, backends, seq_lens, results, out):
 
 
 if __name__ == "__main__":
-    main(parse(AttentionBench, sys.argv[1:]))
+    run(main, parse(AttentionBench, sys.argv[1:]))

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from attention_map import write_attention_page
-from bench.benchutil import (holds_or_not, machine_info, md_table, out_path, parse, print_machine, split_list,
+from bench.benchutil import (holds_or_not, machine_info, md_table, out_path, parse, print_machine, run, split_list,
                              write_json)
 from configurator import check_at_least
 from data.tokenizer import GPT2Tokenizer
@@ -96,4 +96,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    main(parse(PageBench, sys.argv[1:]))
+    run(main, parse(PageBench, sys.argv[1:]))

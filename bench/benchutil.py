@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,15 @@ from hardware import cpu_class, make_current, pick_device, pick_dtype, set_up_cp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def run(main, config):
+    """main(config), as each script runs it: Ctrl-C ends it in one line and 128 + SIGINT, as train.py and
+    sample.py end, not in a traceback. The JSON is written last, atomically, so none is left half-written."""
+    try:
+        main(config)
+    except KeyboardInterrupt:
+        fail("interrupted; no results were written", status=128 + signal.SIGINT)
 
 
 def parse(cls, argv):

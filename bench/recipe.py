@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine,
-                             resolve_device, split_list, write_json)
+from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine, resolve_device,
+                             run, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import ConfigError, check_at_least, load_config
 from data.loader import Batches, open_split
@@ -399,4 +399,4 @@ def without_paths(run):
 
 
 if __name__ == "__main__":
-    main(parse(RecipeBench, sys.argv[1:]))
+    run(main, parse(RecipeBench, sys.argv[1:]))

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 
 from attention import Backend
 from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_table, out_path, parse, print_machine,
-                             profiled, resolve_device, resolve_dtype, set_threads, show_compiled_kernels, summary,
+                             profiled, resolve_device, resolve_dtype, run, set_threads, show_compiled_kernels, summary,
                              timed, top_ops, write_json)
 from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import check_at_least, first_line
@@ -353,4 +353,4 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    main(parse(SampleBench, sys.argv[1:]))
+    run(main, parse(SampleBench, sys.argv[1:]))

@@ -45,8 +45,8 @@ import torch
 import train
 from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
-                             print_machine, profiled, resolve_device, set_threads, show_compiled_kernels, split_list,
-                             summary, timed, top_ops, write_json)
+                             print_machine, profiled, resolve_device, run, set_threads, show_compiled_kernels,
+                             split_list, summary, timed, top_ops, write_json)
 from configurator import ConfigError, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
@@ -221,6 +221,10 @@ class Variant:
             logger = train.TrainingLog(self.cfg, self.setup, self.raw)
             try:
                 train.train(self.cfg, self.setup, self.data, self.state, self.model, logger, stop)
+            except SystemExit:
+                if stop.signum:  # Ctrl-C: train.py's loop saved and exited, its words in the log caught here
+                    raise KeyboardInterrupt from None
+                raise
             finally:
                 stop.release()
         return (self.state.clock.seconds() - before) / iterations
@@ -462,17 +466,19 @@ def main(cfg):
 
     variants, rows = [], []
     out_dir = tempfile.mkdtemp(prefix="bench-train-")  # where train.py's loop (--loop) saves its checkpoints
-    for i, spec in enumerate(specs):
-        rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
-        rows.append(rec)
-        os.makedirs(os.path.join(out_dir, str(i)))
-        v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, os.path.join(out_dir, str(i)))
-        if v is not None:
-            variants.append((v, rec))
-        elif device_type == "cuda":  # what a failed variant held is free now
-            torch.cuda.empty_cache()
-    time_variants(cfg, variants, device, tokens_per_step)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        for i, spec in enumerate(specs):
+            rec = {"name": variant_name(spec, axes), **spec, "status": "ok"}
+            rows.append(rec)
+            os.makedirs(os.path.join(out_dir, str(i)))
+            v = prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, os.path.join(out_dir, str(i)))
+            if v is not None:
+                variants.append((v, rec))
+            elif device_type == "cuda":  # what a failed variant held is free now
+                torch.cuda.empty_cache()
+        time_variants(cfg, variants, device, tokens_per_step)
+    finally:  # an interrupted run too: checkpoints with optimizer state, per variant
+        shutil.rmtree(out_dir, ignore_errors=True)
     print_table(cfg, rows)
     if cfg.profile:
         profile_variants(cfg, variants, device)
@@ -482,4 +488,4 @@ def main(cfg):
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})
 
 if __name__ == "__main__":
-    main(parse_args(sys.argv[1:]))
+    run(main, parse_args(sys.argv[1:]))

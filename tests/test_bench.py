@@ -325,6 +325,27 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
     assert (tmp_path / "runs" / "default-seed1" / "ckpt.pt").exists(), log.read_text()  # the run saved its work
 
 
+@pytest.mark.parametrize("script, args", [
+    ("bench/train.py", ["--variants=none", "--compile=false", "--repeats=100000", "--loop=50", "--warmup=0"]),
+    ("bench/sample.py", ["--max_new_tokens=100000", "--repeats=1"])], ids=["train", "sample"])
+def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_path, script, args):
+    """Ctrl-C had ended each benchmark in a traceback, and bench/train.py's left the checkpoints of its --loop
+    (train.py's own loop saves) in a temporary folder."""
+    import signal
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([sys.executable, script, *args, "--threads=1", f"--out={tmp_path / 'x.json'}"], cwd=ROOT,
+                            env={**ENV, "TMPDIR": str(tmp_path / "tmp")}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # until it measures
+        if line.startswith(("ready:", "model:")):
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err == "error: interrupted; no results were written\n", (proc.returncode, err)
+    assert not (tmp_path / "x.json").exists() and not list((tmp_path / "tmp").glob("bench-train-*"))
+
+
 def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
     """Two threads of a core (SMT) count once; a CPU whose topology Linux does not show counts as a core."""
     from hardware import separate_cores
@@ -492,6 +513,33 @@ def test_each_train_bench_variant_steps_under_its_own_deterministic_mode(monkeyp
     finally:
         torch.use_deterministic_algorithms(False)
     assert modes == [False, True, False]
+
+
+def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatch, tmp_path):
+    """bench/train.py --loop runs train.py's own loop, whose stop request saves and exits 130 with its words
+    in the log this script hides: that exit now reaches run() as a Ctrl-C, which says one line. Any other
+    exit of the loop passes through as it is."""
+    import signal
+
+    import numpy as np
+    import train
+    from bench.train import Variant
+    tcfg = train.TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, dtype="float32", compile=False)
+    variant = Variant({"compile": False, "dtype": "float32", "attention": "manual", "optimizer": "adamw",
+                       "activation": "relu2"}, tcfg, 65, "cpu", np.zeros(1000, dtype=np.uint16), 1, 0, str(tmp_path))
+
+    def stopped(cfg, setup, data, state, model, logger, stop):
+        stop.signum = signal.SIGINT  # what its handler records, before the save and the exit
+        raise SystemExit(128 + signal.SIGINT)
+    monkeypatch.setattr(train, "train", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        variant.time_loop(5)
+
+    def failed(*args):
+        raise SystemExit(2)
+    monkeypatch.setattr(train, "train", failed)
+    with pytest.raises(SystemExit):
+        variant.time_loop(5)
 
 
 def test_results_files_name_no_directory_of_the_machine(tmp_path):
