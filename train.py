@@ -633,6 +633,8 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         if due:  # a stop right before an evaluation still makes it, as an uninterrupted run would
             evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed,
                               "evaluation" if last or not signum else stopped, final=last or bool(signum))
+            if not signum:  # one asked for while it evaluated stops here, at what was just saved
+                signum = agree_on_stop(stop.signum, elapsed, False, setup.device)[0]
         if last:
             break
         if signum:

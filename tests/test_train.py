@@ -244,6 +244,25 @@ def interrupted_run(cfg, monkeypatch, at):
     assert stopped.value.code == 128 + signal.SIGINT and load(Path(cfg.out_dir) / "ckpt.pt")["iter_num"] == at
 
 
+def test_a_stop_asked_for_during_an_evaluation_stops_at_it(tmp_path, data_dir, monkeypatch, capsys):
+    """Ctrl-C while the run evaluates (and saves): it trained one more step and saved a second time, a
+    second write of a large checkpoint inside a preemption's grace period. It now stops at what it saved."""
+    import signal
+    import train
+    real = train.evaluate_and_save
+
+    def evaluate_and_save(state, *args, **kwargs):
+        if state.iter_num == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(state, *args, **kwargs)
+    monkeypatch.setattr(train, "evaluate_and_save", evaluate_and_save)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=10, eval_interval=4))
+    out = capsys.readouterr().out
+    assert stopped.value.code == 128 + signal.SIGINT and load(tmp_path / "ckpt.pt")["iter_num"] == 4
+    assert out.count("saved ") == 1 and "iter 5:" not in out and "resume with: " in out, out
+
+
 def test_a_stop_right_before_an_evaluation_keeps_it(tmp_path, data_dir, monkeypatch):
     """Stopped in the step that ends at an evaluation's iteration, a run evaluates before it saves, as an
     uninterrupted one would, and the resumed run's record and checkpoint match the uninterrupted run's."""
