@@ -661,9 +661,9 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
             logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
         out_of_time = cfg.max_seconds > 0 and elapsed >= cfg.max_seconds
     if setup.master:
-        print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; best val loss "
-              f"{state.best_val_loss:.4f}; checkpoint {ckpt_path(cfg.out_dir)}; sample with: python sample.py "
-              f"--out_dir={shlex.quote(cfg.out_dir)}")
+        print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; checkpoint "
+              f"{ckpt_path(cfg.out_dir)}, the last weights (best val loss on the way {state.best_val_loss:.4f}); "
+              f"sample with: python sample.py --out_dir={shlex.quote(cfg.out_dir)}")
     logger.close()
 
 

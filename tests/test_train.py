@@ -62,6 +62,8 @@ def test_train_then_sample_end_to_end(tmp_path, data_dir, launch):
     summary = proc.stdout.strip().splitlines()[-1]
     assert summary.startswith("done: 6 iterations"), proc.stdout
     assert str(out / "ckpt.pt") in summary and "sample.py" in summary
+    # the checkpoint holds the last weights, whose val loss need not be the best (it had read as if it were)
+    assert f"checkpoint {out / 'ckpt.pt'}, the last weights (best val loss on the way " in summary, summary
 
     ckpt = load(out / "ckpt.pt")
     assert ckpt["iter_num"] == 6
