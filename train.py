@@ -338,9 +338,11 @@ def head_size(cfg):
 def check_data(cfg, data):
     """ValueError unless the data suits the run's settings (a resumed run's, as_run's: its block_size, say)."""
     for split, tokens in (("train", data.train), ("val", data.val)):
-        if len(tokens) <= cfg.block_size:
+        if len(tokens) <= cfg.block_size:  # a resumed run's block_size is its checkpoint's, not to be changed
+            fix = ("more text, or the data it trained on" if cfg.init_from == "resume" else
+                   "a smaller --block_size or more text")
             raise ValueError(f"{cfg.data_dir}/{split}.bin has {len(tokens)} tokens, not more than "
-                             f"block_size={cfg.block_size}; use a smaller --block_size or more text")
+                             f"block_size={cfg.block_size}; use {fix}")
     if cfg.vocab_size and cfg.vocab_size < data.meta["vocab_size"]:
         raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the {data.meta['vocab_size']} tokens of "
                          f"{cfg.data_dir}; use --vocab_size=0 for the data's own")

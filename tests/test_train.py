@@ -1396,6 +1396,20 @@ def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data
         assert "within the warm-up" not in capsys.readouterr().out, fine
 
 
+def test_too_little_data_for_a_resumed_run_is_not_told_to_change_block_size(TrainConfig):
+    """A resumed run's block_size is its checkpoint's, which the resume refuses to change: the advice to
+    use a smaller --block_size led to that refusal."""
+    import numpy as np
+    import train
+    data = train.Data(np.zeros(10, np.uint16), np.zeros(100, np.uint16), {"tokenizer": "char", "vocab_size": 5}, {})
+    with pytest.raises(ValueError, match=r"train\.bin has 10 tokens, not more than block_size=16; use a smaller "
+                                         r"--block_size or more text$"):
+        train.check_data(TrainConfig(block_size=16), data)
+    with pytest.raises(ValueError, match=r"train\.bin has 10 tokens, not more than block_size=16; use more text, or "
+                                         r"the data it trained on$"):
+        train.check_data(TrainConfig(block_size=16, init_from="resume"), data)
+
+
 def test_the_decay_must_end_after_the_warm_up(TrainConfig):
     """In iterations (max_seconds=0); under max_seconds the schedule follows the clock and lr_decay_iters
     is not used, so it is not refused there."""
