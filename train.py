@@ -67,7 +67,7 @@ class TrainConfig(GPTConfig):
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py
     init_from: str = "scratch"  # scratch, resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-medium, a local HF dir
     overwrite: bool = False  # a new run may replace out_dir's trained checkpoint, at its first save (else it refuses)
-    eval_only: bool = False  # print the initial model's train and val loss, write nothing, stop
+    eval_only: bool = False  # print the initial model's train and val loss and stop, writing nothing to out_dir
     eval_interval: int = 1000  # iterations between evaluations (and checkpoints)
     eval_iters: int = 200  # batches per evaluation; the same batches every time
     log_interval: int = 50  # iterations between log lines
@@ -216,7 +216,7 @@ def main(cfg):
         elif note and setup.master and not cfg.eval_only:
             print(note)
         logger = TrainingLog(cfg, setup, model)
-        if cfg.eval_only:  # writes nothing
+        if cfg.eval_only:  # writes nothing to out_dir
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
         else:
             train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
