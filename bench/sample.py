@@ -55,7 +55,7 @@ from typing import Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from attention import Backend
+from attention import Backend, check_backend
 from bench.benchutil import (ROOT, fail, fmt, holds_or_not, machine_info, md_table, out_path, parse, print_machine,
                              profiled, resolve_device, resolve_dtype, run, set_threads, show_compiled_kernels, summary,
                              timed, top_ops, write_json)
@@ -203,7 +203,13 @@ def time_paths(cfg, generate, paths, device, block_size):
         # the compiled path also past a window's end, whose refill of the cache is another shape to compile
         n = max(cfg.warmup_tokens, block_size + 1) if path == "kv_cache_compiled" else cfg.warmup_tokens
         started = time.perf_counter()
-        generate(path, min(n, cfg.max_new_tokens), cfg.temperature)
+        try:
+            generate(path, min(n, cfg.max_new_tokens), cfg.temperature)
+        except Exception as e:  # noqa: BLE001 - inductor's errors have many types (no C++ compiler, say)
+            if path != "kv_cache_compiled":
+                raise
+            fail(f"--compile=true: torch.compile failed here ({first_line(e, with_type=True)[:200]}); "
+                 "run with --compile=false", status=1)
         warmup[path] = time.perf_counter() - started
     samples = {path: [] for path in paths}
     for _ in range(cfg.repeats):
@@ -290,6 +296,10 @@ def build_paths(cfg, device, device_type):
         ours, source = build_model(cfg)
         models = {"kv_cache": ours, "no_cache": ours, "nanogpt": nanogpt_model(ours.config, cfg.seed)}
     dtype = resolve_dtype(cfg.dtype, device_type, training=False, n_params=ours.num_params(non_embedding=False))
+    try:  # as sample.py checks it: a backend that cannot run here is one line, before anything is timed
+        check_backend(ours.config.attention, device_type, dtype)
+    except ValueError as e:
+        fail(e)
     if dtype == torch.float32:
         models.pop("transformers_fp32", None)  # the same run as "transformers"
     for path, model in models.items():

@@ -346,6 +346,19 @@ def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_p
     assert not (tmp_path / "x.json").exists() and not list((tmp_path / "tmp").glob("bench-train-*"))
 
 
+@pytest.mark.compiles
+def test_sample_bench_where_torch_compile_cannot_build_is_one_line(tmp_path):
+    """No C++ compiler: inductor fails in the compiled path's warm-up, which had no try (a 90-line traceback)."""
+    proc = subprocess.run([sys.executable, "bench/sample.py", "--compile=true", "--max_new_tokens=8", "--repeats=1",
+                           "--threads=1", f"--out={tmp_path / 'x.json'}"], cwd=ROOT, capture_output=True, text=True,
+                          env={**{k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"}, "CXX": "/nonexistent/g++",
+                               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
+                          timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: --compile=true: torch.compile failed here (") and \
+        proc.stderr.endswith("; run with --compile=false\n") and not (tmp_path / "x.json").exists(), proc.stderr
+
+
 def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
     """Two threads of a core (SMT) count once; a CPU whose topology Linux does not show counts as a core."""
     from hardware import separate_cores
@@ -410,6 +423,7 @@ def test_bench_help_describes_every_setting(launch, script):
      "configs/gpt2_124m.toml with --train_args='--n_layer=x': "),
     ("bench/sample.py", "--warmup_tokens=-5", "warmup_tokens must be at least 0, got -5"),
     ("bench/sample.py", "--reference=transformers --temperature=1", "reference=transformers compares greedy decoding"),
+    ("bench/sample.py", "--attention=fa2", "attention='fa2' needs the flash-attn package"),  # had been a traceback
     ("bench/attention.py", "--single=manual", "single='manual': give BACKEND:T"),
     ("bench/attention.py", "--single=manual:16 --threads=-1", "threads must be at least 0"),
 ])
