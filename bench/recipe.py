@@ -374,6 +374,8 @@ def main(cfg):
     except OSError as e:
         fail(f"work_dir={work!r} cannot be made ({e.strerror}); pick another path")
     info = machine_info(device)
+    if cfg.threads:  # the runs', not this process's
+        info["torch_threads"] = cfg.threads
     print_machine(info)
     budget = f"{cfg.iterations} iterations" if cfg.iterations else f"{cfg.max_seconds:g} s of training"
     at_once = f", {cfg.parallel} at a time on CPUs of their own" if cfg.parallel > 1 else ""

@@ -131,7 +131,7 @@ def build_model(cfg):
                 model.crop_block_size(cfg.block_size)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
             fail(f"{ckpt_path(cfg.out_dir)}: {first_line(e)}")
-        return model, f"checkpoint {ckpt_path(cfg.out_dir)}"
+        return model, ckpt_path(cfg.out_dir)  # a path alone: the JSON writes it without the machine's directories
     vocab = cfg.vocab_size
     if not vocab:
         data_dir = os.path.join(ROOT, SHAKESPEARE_CHAR_DIR)

@@ -174,6 +174,15 @@ def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
         assert p["top_ops_us"] and all(op.startswith("aten::") for op in p["top_ops_us"]), (path, p)
 
 
+def test_sample_bench_of_a_checkpoint_names_it_without_the_machine_s_directories(launch, tmp_path, data_dir):
+    """Its "source" had been "checkpoint /the/machine's/path/ckpt.pt", which the results' path rule missed."""
+    out = tmp_path / "run"
+    check_ok(launch("train.py", *tiny_run(data_dir).split(), "--max_seconds=0", "--max_iters=2", f"--out_dir={out}"))
+    result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", f"--out_dir={out}", "--max_new_tokens=8",
+                       "--repeats=1", "--warmup_tokens=2")
+    assert result["source"] == "ckpt.pt" and str(tmp_path) not in json.dumps(result), result["source"]
+
+
 def test_sample_bench_goals_apply_only_where_they_are_stated(capsys):
     """Against nanoGPT's loop the goal is stated sampling at temperature 1 from a one-token prompt: at 0
     generate takes the argmax while nanoGPT's loop still samples, so a verdict there would not compare."""
@@ -227,10 +236,11 @@ def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_i
     base = base_checkout(tmp_path, 'print("the base checkout")')
     tiny = tiny_run(data_dir)
     result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", "--configs=default", f"--base_repo={base}",
-                       "--iterations=7", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2",
+                       "--iterations=7", "--seeds=1", "--eval_batches=2", "--eval_batch_size=2", "--threads=2",
                        "--train_eval_iters=1", f"--train_args={tiny}", f"--work_dir={tmp_path / 'runs'}")
     runs = [(run["label"], run["returncode"], run["iterations"]) for run in result["runs"]]
     assert runs == [("base-default", 0, 7), ("default", 0, 7)]
+    assert result["machine"]["torch_threads"] == 2  # the runs' threads, not this (one-thread) process's
     assert all(run["train_config"]["max_seconds"] == 0 for run in result["runs"]), "the schedule counts iterations"
     logs = {label: (tmp_path / "runs" / f"{label}-seed1" / "train.log").read_text() for label in ("base-default", "default")}
     assert "the base checkout" in logs["base-default"] and "the base checkout" not in logs["default"]
