@@ -631,17 +631,18 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     while True:
         last = state.iter_num >= cfg.max_iters or out_of_time
         due = last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter)
-        stopped = f"stopped by {signal.Signals(signum).name} after iteration {state.iter_num}" if signum else ""
+        saved = False
         if due:  # a stop right before an evaluation still makes it, as an uninterrupted run would
-            evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed,
-                              "evaluation" if last or not signum else stopped, final=last or bool(signum))
-            if not signum:  # one asked for while it evaluated stops here, at what was just saved
+            saved = evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed,
+                                      stopped(signum, state) if signum and not last else "evaluation",
+                                      final=last or bool(signum))
+            if not signum:  # one asked for while it evaluated stops here, at what it saved
                 signum = agree_on_stop(stop.signum, elapsed, False, setup.device)[0]
         if last:
             break
         if signum:
-            if not due:
-                save(state, cfg, data, setup, stopped, final=True)  # written, or every rank has failed
+            if not saved:
+                save(state, cfg, data, setup, stopped(signum, state), final=True)  # written, or every rank has failed
                 logger.saved()
             if setup.master:
                 again = [arg for arg in sys.argv[1:] if arg != "--init_from=resume"]  # a resumed run's says it once
@@ -669,15 +670,21 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     logger.close()
 
 
+def stopped(signum, state):
+    """A stop's save, in words."""
+    return f"stopped by {signal.Signals(signum).name} after iteration {state.iter_num}"
+
+
 def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, final):
     """Evaluate on n_eval batches of each split, save the checkpoint (for `reason`) and log both losses;
-    the clock stops meanwhile: evaluating, saving and drawing are not training time."""
+    the clock stops meanwhile: evaluating, saving and drawing are not training time. Whether it saved."""
     fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1)
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])
         saved = save(state, cfg, data, setup, reason, final=final)
         logger.evaluation(state.iter_num, losses, elapsed, saved)
+    return saved
 
 
 def train_step(state, wrapped_model, cfg, setup, multiplier):

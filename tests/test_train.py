@@ -265,6 +265,27 @@ def test_a_stop_asked_for_during_an_evaluation_stops_at_it(tmp_path, data_dir, m
     assert out.count("saved ") == 1 and "iter 5:" not in out and "resume with: " in out, out
 
 
+def test_a_stop_during_an_evaluation_whose_save_failed_saves_again(tmp_path, data_dir, monkeypatch, capsys):
+    """The evaluation's save failed (a full disk, say: training would go on and try again) and a stop came
+    meanwhile: the stop's own save tries once more, as any stop's does, rather than leave the work unsaved."""
+    import signal
+    import train
+    real, failures = train.write_checkpoint, []
+
+    def write_checkpoint(checkpoint, path, cfg, state):
+        if state.iter_num == 4 and not failures:
+            failures.append(4)
+            os.kill(os.getpid(), signal.SIGINT)
+            return f"could not write {path} at iteration 4: No space left on device"
+        return real(checkpoint, path, cfg, state)
+    monkeypatch.setattr(train, "write_checkpoint", write_checkpoint)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=10, eval_interval=4))
+    out = capsys.readouterr().out
+    assert stopped.value.code == 128 + signal.SIGINT and load(tmp_path / "ckpt.pt")["iter_num"] == 4
+    assert f"saved {tmp_path / 'ckpt.pt'} (stopped by SIGINT after iteration 4)" in out and "iter 5:" not in out, out
+
+
 def test_a_stop_right_before_an_evaluation_keeps_it(tmp_path, data_dir, monkeypatch):
     """Stopped in the step that ends at an evaluation's iteration, a run evaluates before it saves, as an
     uninterrupted one would, and the resumed run's record and checkpoint match the uninterrupted run's."""
