@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end at toy sizes and write the JSON the README's tables come
 from. Nothing here is timed: these only keep the scripts working as the code under them changes."""
+import contextlib
 import json
 import os
 import re
@@ -323,12 +324,17 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
         if log.exists() and "iter " in log.read_text():
             break
         time.sleep(0.1)
-    if to == "group":
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        for child in children(proc.pid):
-            os.kill(child, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        if to == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            for child in children(proc.pid):
+                os.kill(child, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:  # whatever happened: runs of 100,000 iterations must not outlive the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert proc.returncode == 130 and err.count("\n") == 1, (proc.returncode, err)
     assert "interrupted: 1 of 2 runs not started" in err, err
     assert not (tmp_path / "runs" / "default-seed2").exists() and not (tmp_path / "r.json").exists()
@@ -343,15 +349,23 @@ def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_p
     (train.py's own loop saves) in a temporary folder."""
     import signal
     (tmp_path / "tmp").mkdir()
-    proc = subprocess.Popen([sys.executable, script, *args, "--threads=1", f"--out={tmp_path / 'x.json'}"], cwd=ROOT,
-                            env={**ENV, "TMPDIR": str(tmp_path / "tmp")}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # until it measures
-        if line.startswith(("ready:", "model:")):
-            break
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT (a background
+    # job does), which the child would otherwise inherit
+    as_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", as_a_terminal, script, *args, "--threads=1",
+                             f"--out={tmp_path / 'x.json'}"], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp_path / "tmp")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # until it measures
+            if line.startswith(("ready:", "model:")):
+                break
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # whatever happened: a benchmark of 100,000 rounds must not outlive its test
+        proc.wait()
     assert proc.returncode == 130 and err == "error: interrupted; no results were written\n", (proc.returncode, err)
     assert not (tmp_path / "x.json").exists() and not list((tmp_path / "tmp").glob("bench-train-*"))
 
