@@ -25,13 +25,15 @@ such sitting, not with a sequential one.
 Evaluation: eval_batches batches of eval_batch_size x eval_block_size tokens from val.bin, drawn once
 from a generator seeded with eval_seed, the same for every checkpoint (eval_block_size defaults to the
 smallest block_size among the runs, so every model can take it); float32, no dropout. The same for
-train.bin gives the train loss; gap = val - train.
+train.bin gives the train loss; gap = val - train. Each checkpoint is scored by the model code of the
+checkout whose train.py trained it (bench/checkpoint_losses.py, run there), not by this one's.
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import json
 import queue
 import shlex
 import shutil
@@ -48,7 +50,7 @@ import torch
 
 from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine, resolve_device,
                              run, split_list, write_json)
-from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
+from checkpoint import ckpt_path, load_checkpoint
 from configurator import ConfigError, check_at_least, load_config
 from data.loader import Batches, open_split
 from hardware import check_threads, separate_cores, usable_cpus
@@ -162,14 +164,6 @@ def run_train(cfg, config, seed, out_dir, cpus):
             lines = [l.strip() for l in f if l.strip()]
         rec["error"] = lines[-1] if lines else "no output"
     return rec
-
-
-@torch.no_grad()
-def mean_loss(model, data_batches):
-    total = 0.0
-    for x, y in data_batches:
-        total += model(x, y)[1].float().item()
-    return total / len(data_batches)
 
 
 def fixed_batches(data, block_size, cfg, device):
@@ -302,14 +296,37 @@ def evaluate_all(cfg, models, device):
     train = fixed_batches(open_split(data_dir, "train"), block, cfg, device)
     print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x {block} "
           f"tokens per split ({data_dir}, seed {cfg.eval_seed})")
-    for rec, ckpt in models:
-        model = model_from_checkpoint(ckpt, ckpt_path(rec["out_dir"]))
-        model.to(device).eval()
-        rec["val_loss"] = mean_loss(model, val)
-        rec["train_loss"] = mean_loss(model, train)
-        rec["gap"] = rec["val_loss"] - rec["train_loss"]
+    with tempfile.TemporaryDirectory() as tmp:
+        batches = os.path.join(tmp, "batches.pt")
+        torch.save({"val": val, "train": train}, batches)
+        for repo in dict.fromkeys(checkout(cfg, rec) for rec, _ in models):
+            mine = [rec for rec, _ in models if checkout(cfg, rec) == repo]
+            for rec, losses in zip(mine, losses_by_own_code(repo, mine, batches, cfg, device, tmp)):
+                if "error" in losses:
+                    rec.update(returncode="not evaluated", error=losses["error"])
+                else:
+                    rec.update(val_loss=losses["val"], train_loss=losses["train"], gap=losses["val"] - losses["train"])
     return {"data_dir": data_dir, "block_size": block, "batch_size": cfg.eval_batch_size,
             "batches": cfg.eval_batches, "seed": cfg.eval_seed}
+
+
+def checkout(cfg, rec):
+    """The checkout whose train.py trained the run of the record rec."""
+    return os.path.abspath(cfg.base_repo) if rec["repo"] == "base" else ROOT
+
+
+def losses_by_own_code(repo, runs, batches, cfg, device, tmp):
+    """Each run's {split: mean loss} on the batches saved at `batches`, or {"error": ...}: scored by the model
+    code of repo, the checkout whose train.py trained them (bench/checkpoint_losses.py says why)."""
+    out = os.path.join(tmp, "losses.json")
+    argv = [sys.executable, os.path.join(ROOT, "bench", "checkpoint_losses.py"), out, batches, str(cfg.threads), device,
+            *(ckpt_path(rec["out_dir"]) for rec in runs)]
+    done = subprocess.run(argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        lines = done.stdout.strip().splitlines()
+        return [{"error": f"the evaluation by {repo}'s code failed: {lines[-1] if lines else done.returncode}"}] * len(runs)
+    with open(out) as f:
+        return json.load(f)
 
 
 def summarise(configs, runs):

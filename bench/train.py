@@ -434,7 +434,7 @@ def print_table(cfg, rows):
     print()
     print(md_table(headers, table))
     print(f"(median of {cfg.repeats} interleaved samples of {cfg.loop or cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
-          f"steps; 'vs first' = tokens/s over the first variant's; "
+          f"steps; 'vs first' = tokens/s over {base['name']}'s, the first variant that ran; "
           + (f"train.py ms/iter: its loop over {cfg.loop} iterations per round, as its clock counts them; "
              "loop overhead: the median over rounds of the loop's time over the steps' in the same round, minus 1; "
              if cfg.loop else "") + "MFU against "
@@ -479,6 +479,10 @@ def main(cfg):
         time_variants(cfg, variants, device, tokens_per_step)
     finally:  # an interrupted run too: checkpoints with optimizer state, per variant
         shutil.rmtree(out_dir, ignore_errors=True)
+    if not variants:  # before the JSON: an empty run would overwrite a kept result with nothing
+        for rec in rows:
+            print(f"  note: {rec['name']}: {rec['status']}: {rec['message']}", file=sys.stderr)
+        fail("none of the variants could run here (the notes above say why); nothing was measured or written", status=1)
     print_table(cfg, rows)
     if cfg.profile:
         profile_variants(cfg, variants, device)
@@ -486,6 +490,7 @@ def main(cfg):
         time_matmuls(cfg, variants, device)
     write_json(out, {"benchmark": "train", "machine": info, "config": asdict(cfg), "train_config": asdict(tcfg),
                      "vocab_size": vocab, "tokens_per_step": tokens_per_step, "axes": axes, "variants": rows})
+
 
 if __name__ == "__main__":
     run(main, parse_args(sys.argv[1:]))

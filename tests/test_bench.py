@@ -120,6 +120,24 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
         assert row["profile"]["page_faults_per_step"] >= 0 and row["profile"]["kernel_cpu_ms_per_step"] >= 0
 
 
+def test_train_bench_compares_with_the_first_variant_that_ran_and_refuses_a_run_where_none_could(launch, tmp_path):
+    """float16 cannot train on a CPU: with it first, 'vs first' is float32's (the table says so), and with it
+    alone nothing was measured, which had exited 0 and written an empty result over the file."""
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=2", "--vocab_size=64",
+            "--repeats=1", "--warmup=0", "--variants=dtype", "--compile=false", "--attention=manual"]
+    proc = launch("bench/train.py", "--device=cpu", f"--out={tmp_path / 'two.json'}", *tiny, "--dtypes=float16,float32")
+    check_ok(proc)
+    assert "'vs first' = tokens/s over float32's, the first variant that ran" in proc.stdout
+    out = tmp_path / "none.json"
+    out.write_text("a kept result")
+    proc = launch("bench/train.py", "--device=cpu", f"--out={out}", *tiny, "--dtypes=float16")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("error: none of the variants could run here (the notes above say "
+                                                     "why); nothing was measured or written"), proc.stderr
+    assert "float16: unsupported: float16 is not supported on CPU" in proc.stderr
+    assert out.read_text() == "a kept result"
+
+
 def test_train_bench_times_train_pys_loop_against_the_step_round_by_round(launch, tmp_path):
     """--loop: train.py's own loop and the step alone in every round; the overhead pairs them by round,
     so that a machine whose speed drifts between rounds does not read as the loop's cost."""
@@ -228,6 +246,32 @@ def base_checkout(tmp_path, says):
 
 def tiny_run(data_dir):
     return f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
+
+
+def test_recipe_bench_scores_each_checkpoint_with_the_model_code_that_trained_it(launch, tmp_path, data_dir):
+    """A base whose forward differs with no setting to say so (here its loss, plus 100: the same gradients,
+    so the same weights) is scored by its own model code; this checkout's had scored it, or failed to load
+    it (a scratch change of the MLP's width: a traceback after every run had trained). A checkout whose code
+    cannot score its checkpoints is a note per run, not the end of the benchmark."""
+    base = base_checkout(tmp_path, "pass")
+    model_py = (base / "model.py").read_text()
+    assert model_py.count("ignore_index=-1)\n") == 1
+    (base / "model.py").write_text(model_py.replace("ignore_index=-1)\n", "ignore_index=-1) + 100\n"))
+    args = ["--configs=default", f"--base_repo={base}", "--iterations=3", "--seeds=1", "--eval_batches=2",
+            "--eval_batch_size=2", "--threads=1", "--train_eval_iters=1", f"--train_args={tiny_run(data_dir)}"]
+    result = run_bench(launch, "bench/recipe.py", tmp_path / "r.json", *args, f"--work_dir={tmp_path / 'runs'}")
+    losses = {run["label"]: (run["val_loss"], run["train_loss"]) for run in result["runs"]}
+    assert losses["base-default"] == pytest.approx((losses["default"][0] + 100, losses["default"][1] + 100)), losses
+    loader = "def model_from_checkpoint(checkpoint, path, **overrides):\n"
+    (base / "checkpoint.py").write_text((base / "checkpoint.py").read_text().replace(
+        loader, loader + '    raise RuntimeError("no loader here")\n'))  # train.py never calls it on a new run
+    proc = launch("bench/recipe.py", "--device=cpu", f"--out={tmp_path / 'r2.json'}", *args,
+                  f"--work_dir={tmp_path / 'runs2'}")
+    check_ok(proc)
+    runs = {run["label"]: run for run in json.loads((tmp_path / "r2.json").read_text())["runs"]}
+    assert "val_loss" in runs["default"] and runs["base-default"]["iterations"] == 3, runs
+    assert runs["base-default"]["error"] == f"the evaluation by {base}'s code failed: RuntimeError: no loader here", runs
+    assert f"note: base-default seed 1: the evaluation by {base}'s code failed" in proc.stdout, proc.stdout
 
 
 def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_for_equal_iterations(launch, tmp_path,

@@ -1,0 +1,50 @@
+"""
+The mean loss of trained checkpoints on given batches, computed by the model code of the checkout this
+runs in (its working directory), not by the code of the checkout this file came from. bench/recipe.py
+runs it once per checkout whose train.py trained runs, so that a base commit's checkpoints are scored by
+the model that trained them: a forward that changed without a config setting to say so (a scratch
+change of the MLP, say) would otherwise be scored as this checkout's model, or fail to load.
+
+    cd CHECKOUT && python /path/to/bench/checkpoint_losses.py OUT.json BATCHES.pt THREADS DEVICE CKPT.pt ...
+
+BATCHES.pt holds {split: [(x, y), ...]} (torch.save); OUT.json gets, per checkpoint, {split: mean loss}
+or {"error": why it could not be scored}. It needs only what every checkout since the base commit of
+bench/README.md has: checkpoint.load_checkpoint, checkpoint.model_from_checkpoint, and a forward that
+returns (logits, loss).
+"""
+import json
+import os
+import sys
+
+sys.path[0] = os.getcwd()  # the checkout's modules, not those beside this file (bench/train.py is no train.py)
+
+import torch  # noqa: E402
+
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402 - from the checkout, after the path
+
+
+@torch.no_grad()
+def mean_loss(model, batches):
+    return sum(model(x, y)[1].float().item() for x, y in batches) / len(batches)
+
+
+def checkpoint_losses(path, splits, device):
+    """{split: mean loss} of the checkpoint at path, in float32 without dropout, or {"error": ...}."""
+    try:
+        model = model_from_checkpoint(load_checkpoint(path), path).to(device).eval()
+    except ValueError as e:
+        return {"error": str(e).splitlines()[0]}
+    return {split: mean_loss(model, batches) for split, batches in splits.items()}
+
+
+def main(out, batches_path, threads, device, *paths):
+    if int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    splits = torch.load(batches_path, map_location=device, weights_only=True)
+    results = [checkpoint_losses(path, splits, device) for path in paths]
+    with open(out, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
