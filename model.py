@@ -44,9 +44,10 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalise queries and keys per head
     zero_init: bool = False  # output projections start at zero: every block starts as the identity
     activation: Activation = "gelu_tanh"  # the MLP's nonlinearity: gelu_tanh as GPT-2, the exact gelu, or relu2
+    mlp_ratio: int = 4  # the MLP's hidden width, in multiples of n_embd (GPT-2's is 4)
 
     def __post_init__(self):
-        check_at_least(self, 1, "vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+        check_at_least(self, 1, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
         fits = head_counts(self.n_embd, rope=self.pos_embedding == "rope")
         can = (f"n_head can be one of {', '.join(map(str, fits))}" if fits else
                "no n_head gives the even head size rope needs: give an even n_embd, or pos_embedding='learned'")
@@ -87,12 +88,13 @@ def make_norm(config):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        hidden = config.mlp_ratio * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout, self.activation = config.dropout, config.activation
 
     def forward(self, x):
-        h = self.c_fc(x)  # (B, T, 4 * C)
+        h = self.c_fc(x)  # (B, T, mlp_ratio * C)
         if self.activation == "relu2":
             h = F.relu(h).square()
         else:  # GPT-2's weights need the tanh form; the exact GELU is the same curve to within 5e-4
@@ -416,9 +418,15 @@ def hf_config(directory):
         raise ValueError(f"{path} is damaged ({', '.join(wrong)}: these are whole numbers in GPT-2's config); "
                          "download the model again")
     activation = gpt2_activation(hf, directory)
+    n_inner = hf.get("n_inner")  # the MLP's hidden width; None: GPT-2's 4 * n_embd
+    if n_inner is not None and not (whole_number(n_inner) and n_inner > 0 and hf["n_embd"] > 0
+                                    and n_inner % hf["n_embd"] == 0):
+        raise ValueError(f"{path} has n_inner={n_inner!r}: this GPT's MLP is a whole multiple of n_embd="
+                         f"{hf['n_embd']} wide (or n_inner is null, GPT-2's 4 * n_embd)")
     try:
         return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
-                         n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation)
+                         n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True, activation=activation,
+                         mlp_ratio=n_inner // hf["n_embd"] if n_inner else 4)
     except ValueError as e:  # n_head=3 for 16 channels, say
         raise ValueError(f"{path} is damaged ({e}); download the model again") from None
 

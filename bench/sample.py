@@ -69,16 +69,17 @@ from sample import compile_for_decoding
 from train import TrainConfig, model_config
 
 # Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
-# shape), and GPT-2 124M for a paragraph, greedy
+# shape but for its MLP, which nanoGPT has 4 wide as GPT-2), and GPT-2 124M for a paragraph, greedy
 REFERENCE_DEFAULTS = {
-    "nanogpt": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "max_new_tokens": 500, "temperature": 1.0},
-    "transformers": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "max_new_tokens": 200,
-                     "temperature": 0.0}}
+    "nanogpt": {"n_layer": 4, "n_head": 4, "n_embd": 128, "mlp_ratio": 4, "block_size": 64, "max_new_tokens": 500,
+                "temperature": 1.0},
+    "transformers": {"n_layer": 12, "n_head": 12, "n_embd": 768, "mlp_ratio": 4, "block_size": 1024,
+                     "max_new_tokens": 200, "temperature": 0.0}}
 REQUIRED_SPEEDUP = 5.0  # KV cache >= 5x faster than no cache for nanoGPT's model at block_size >= 256
 REQUIRED_MIN_BLOCK = 256
 REQUIRED_VS_NANOGPT = 3.0  # model.generate >= 3x nanoGPT's loop for that model at nanoGPT's block_size 64
 REQUIRED_VS_TRANSFORMERS = 1.5  # model.generate >= 1.5x transformers' generate, GPT-2 124M, same dtype
-SHAPE = ("n_layer", "n_head", "n_embd")
+SHAPE = ("n_layer", "n_head", "n_embd", "mlp_ratio")
 OURS = ("kv_cache", "kv_cache_compiled")  # model.generate, eager and compiled for decoding (--compile=true)
 
 
@@ -89,6 +90,7 @@ class SampleBench:
     n_layer: Optional[int] = None  # random weights: transformer blocks (none: the reference's, REFERENCE_DEFAULTS)
     n_head: Optional[int] = None  # random weights: attention heads (none: the reference's)
     n_embd: Optional[int] = None  # random weights: width of the residual stream (none: the reference's)
+    mlp_ratio: Optional[int] = None  # random weights: the MLP's hidden width in multiples of n_embd (none: the reference's)
     block_size: Optional[int] = None  # none: the reference's or the checkpoint's; smaller crops a checkpoint
     vocab_size: int = 0  # random weights against nanogpt: 0 takes data/shakespeare_char/meta.json's, else 65
     attention: Optional[Backend] = None  # none: manual / the checkpoint's
@@ -138,7 +140,7 @@ def build_model(cfg):
         vocab = load_meta(data_dir)["vocab_size"] if os.path.exists(meta_path(data_dir)) else 65
     try:
         config = model_config(TrainConfig(), vocab, block_size=cfg.block_size, n_layer=cfg.n_layer,
-                              n_head=cfg.n_head, n_embd=cfg.n_embd,
+                              n_head=cfg.n_head, n_embd=cfg.n_embd, mlp_ratio=cfg.mlp_ratio,
                               attention=cfg.attention or TrainConfig.attention)  # train.py's model, in this shape
     except ValueError as e:
         fail(e)
@@ -156,7 +158,7 @@ def build_gpt2_pair(cfg):
     transformers.logging.set_verbosity_error()  # its notes on generation settings, on every call
     torch.manual_seed(cfg.seed)
     hf_config = transformers.GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                        n_positions=cfg.block_size)
+                                        n_inner=cfg.mlp_ratio * cfg.n_embd, n_positions=cfg.block_size)
     hf = transformers.GPT2LMHeadModel(hf_config)
     with tempfile.TemporaryDirectory() as work_dir:
         hf.save_pretrained(work_dir)

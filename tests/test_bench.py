@@ -161,9 +161,11 @@ def test_train_bench_replays_every_matrix_multiply_of_a_step(launch, tmp_path):
                        "--warmup=0", "--variants=none", "--dtype=float32", "--compile=false", "--optimizer=muon",
                        "--matmuls=true")
     m = result["variants"][0]["matmuls"]
-    linear = 2 * B * T * (L * 12 * C * C + V * C)  # c_attn 3C x C, c_proj C x C, the MLP's two 4C x C; the tied head
+    from train import TrainConfig
+    R = TrainConfig().mlp_ratio  # the MLP's hidden width, in multiples of C
+    linear = 2 * B * T * (L * (4 + 2 * R) * C * C + V * C)  # c_attn 3C x C, c_proj C x C, the MLP's two RC x C; the head
     attention = L * 4 * B * T * T * C  # scores q·kᵀ and weights·v, every head
-    r, ks = C, (3 * C, C, 4 * C, 4 * C)  # Muon: each shape's L matrices as (r, k), r <= k
+    r, ks = C, (3 * C, C, R * C, R * C)  # Muon: each shape's L matrices as (r, k), r <= k
     newton_schulz = 5 * sum(L * (4 * r * r * k + 2 * r ** 3) for k in ks)  # 5 steps: x xᵀ, its square, times x
     assert m["gflop"] * 1e9 == pytest.approx(3 * (linear + attention) + newton_schulz, rel=1e-9), m
     # forward: the linears and the head; backward: two products each (inputs', weights' gradients); attention 2 + 4
@@ -208,9 +210,11 @@ def test_sample_bench_goals_apply_only_where_they_are_stated(capsys):
     from types import SimpleNamespace
 
     from bench.sample import SampleBench, check_requirements
-    c = SimpleNamespace(n_layer=4, n_head=4, n_embd=128, block_size=64)  # nanoGPT's CPU model
+    c = SimpleNamespace(n_layer=4, n_head=4, n_embd=128, mlp_ratio=4, block_size=64)  # nanoGPT's CPU model
     ratios = {"kv_cache_vs_no_cache": 4.0, "kv_cache_vs_nanogpt": 3.5}
     assert check_requirements(c, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
+    narrow = SimpleNamespace(**{**vars(c), "mlp_ratio": 2})  # train.py's CPU default: half nanoGPT's MLP
+    assert not check_requirements(narrow, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
     for change in (dict(temperature=0.0), dict(prompt_len=60), dict(max_new_tokens=50)):
         assert not check_requirements(c, SampleBench(**change), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"], change
     capsys.readouterr()

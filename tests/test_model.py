@@ -552,6 +552,28 @@ def test_from_pretrained_runs_the_exact_gelu_that_config_json_names(hf_gpt2, tmp
         torch.testing.assert_close(model(idx)[0], expected, atol=1e-4, rtol=0)
 
 
+def test_from_pretrained_runs_the_mlp_width_that_config_json_names(tmp_path):
+    """n_inner sets a GPT-2's MLP width (null: 4 * n_embd); one that is no whole multiple of n_embd, this
+    GPT's mlp_ratio, is refused by name rather than by a tensor's shape."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, vocab_size=50, n_inner=32))
+    randomize_(hf, std=0.2, seed=3)
+    hf.save_pretrained(tmp_path / "narrow")
+    idx = rand_tokens(2, 20, vocab=50, seed=4)
+    with torch.no_grad():
+        model = GPT.from_pretrained(str(tmp_path / "narrow")).eval()
+        assert model.config.mlp_ratio == 2 and model.transformer.h[0].mlp.c_fc.out_features == 32
+        torch.testing.assert_close(model(idx)[0], hf.eval()(idx).logits, atol=1e-4, rtol=0)
+    cfg = json.load(open(tmp_path / "narrow" / "config.json"))
+    for n_inner in (24, 0, 32.0, True):
+        (tmp_path / "odd").mkdir(exist_ok=True)
+        (tmp_path / "odd" / "config.json").write_text(json.dumps({**cfg, "n_inner": n_inner}))
+        with pytest.raises(ValueError, match=rf"has n_inner={n_inner!r}: this GPT's MLP is a whole multiple of "
+                                             r"n_embd=16 wide"):
+            GPT.from_pretrained(str(tmp_path / "odd"))
+
+
 @pytest.mark.parametrize("key, value, says", [
     ("n_embd", 64, r"does not describe its weights \(n_embd=64, the weights 32\)"),  # 32-wide tensors
     # checked before the model is built: a hundred thousand blocks would take minutes and all memory

@@ -402,6 +402,24 @@ def test_a_run_of_an_earlier_default_resumes_with_its_command_line(tmp_path, dat
     assert refused.value.code == 2 and "activation=relu2 (now gelu)" in capsys.readouterr().err
 
 
+def test_a_checkpoint_from_before_a_model_setting_existed_resumes_and_samples_as_it_was_trained(tmp_path, data_dir,
+                                                                                                capsys):
+    """mlp_ratio came after checkpoints that lack it, whose MLPs are GPT-2's 4 wide while the CPU default is 2:
+    the missing setting reads as GPTConfig's (the model's own, not train.py's), and the same command line
+    resumes it; sample.py's loader builds it too."""
+    import train
+    from checkpoint import model_from_checkpoint, save_checkpoint
+    train.main(tiny_config(data_dir, tmp_path, compile=False, mlp_ratio=4, max_iters=2))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    del checkpoint["config"]["mlp_ratio"], checkpoint["model_config"]["mlp_ratio"]
+    save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
+    assert model_from_checkpoint(load(tmp_path / "ckpt.pt"), "ckpt.pt").config.mlp_ratio == 4
+    capsys.readouterr()
+    resumed = train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3, init_from="resume"))
+    assert resumed.config.mlp_ratio == 4 and load(tmp_path / "ckpt.pt")["iter_num"] == 3
+    assert "note: the model's settings as the checkpoint has them: mlp_ratio=4\n" in capsys.readouterr().out
+
+
 def test_a_resumed_runs_data_is_checked_against_its_own_block_size(tmp_path, capsys):
     """Left at its default, block_size is the checkpoint's (8) on resume, and so is the check of the data: a
     val split of 30 tokens serves it, though not the default's 64; the run says which settings it took."""
@@ -995,13 +1013,13 @@ def test_running_out_of_memory_while_building_the_model_says_so(tmp_path, data_d
 
 
 def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path, data_dir, launch):
-    """A mistyped n_layer (a billion blocks of 16 channels: ~12 TiB of weights) is one line at once, naming
+    """A mistyped n_layer (a billion blocks of 16 channels: ~8 TiB of weights) is one line at once, naming
     its size and the machine's, where building it would run for minutes before memory ran out."""
     out = tmp_path / "out"
     started = time.time()
     refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
-    assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 3,\d{3},\d{3},\d{3},"
+    assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 2,080,000,000,"
                         r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this process may use [\d,.]+ GiB: make it "
                         r"smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
     assert not out.exists()
@@ -1586,7 +1604,7 @@ NEW_FIELD = '    zero_init: bool = False  # output projections start at zero: ev
 
 
 def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch):
-    """Add `mlp_ratio` to GPTConfig and use it in model.py, nothing else: train.py takes the flag and
+    """Add `rope_base` to GPTConfig and use it in model.py, nothing else: train.py takes the flag and
     documents it, the checkpoint keeps it, resume insists on it, and sample.py builds the same model."""
     repo = tmp_path / "fork"  # the code a forker has: the scripts, the modules, data/'s Python files
     repo.mkdir()
@@ -1594,21 +1612,19 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
         shutil.copy(module, repo)
     shutil.copytree(Path(ROOT) / "data", repo / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
     model_py = (repo / "model.py").read_text()
-    assert NEW_FIELD in model_py and model_py.count("4 * config.n_embd") == 2
-    model_py = model_py.replace(NEW_FIELD, NEW_FIELD + "    mlp_ratio: int = 4  # the MLP's hidden width, in multiples of n_embd\n")
-    (repo / "model.py").write_text(model_py.replace("4 * config.n_embd", "config.mlp_ratio * config.n_embd"))
+    assert NEW_FIELD in model_py and model_py.count("10000.0 **") == 1
+    model_py = model_py.replace(NEW_FIELD, NEW_FIELD + "    rope_base: float = 10000.0  # rotary angles: p / rope_base^(2i/hs)\n")
+    (repo / "model.py").write_text(model_py.replace("10000.0 **", "config.rope_base **"))
 
     out = tmp_path / "out"
-    args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2"]
-    check_ok(launch(str(repo / "train.py"), *args, "--mlp_ratio=2", "--max_iters=2"))
-    ckpt = load(out / "ckpt.pt")
-    assert ckpt["model_config"]["mlp_ratio"] == 2
-    assert ckpt["model"]["transformer.h.0.mlp.c_fc.weight"].shape == (2 * 16, 16)
-    refused = launch(str(repo / "train.py"), *args, "--mlp_ratio=3", "--init_from=resume", "--max_iters=3")
-    assert refused.returncode == 2 and "mlp_ratio=2 (now 3)" in refused.stderr, refused.stderr
-    check_ok(launch(str(repo / "train.py"), *args, "--mlp_ratio=2", "--init_from=resume", "--max_iters=3"))
+    args = [*TINY, "--pos_embedding=rope", f"--data_dir={data_dir}", f"--out_dir={out}", "--eval_interval=2"]
+    check_ok(launch(str(repo / "train.py"), *args, "--rope_base=500", "--max_iters=2"))
+    assert load(out / "ckpt.pt")["model_config"]["rope_base"] == 500.0
+    refused = launch(str(repo / "train.py"), *args, "--rope_base=600", "--init_from=resume", "--max_iters=3")
+    assert refused.returncode == 2 and "rope_base=500.0 (now 600.0)" in refused.stderr, refused.stderr
+    check_ok(launch(str(repo / "train.py"), *args, "--rope_base=500", "--init_from=resume", "--max_iters=3"))
     assert load(out / "ckpt.pt")["iter_num"] == 3
     sample = check_ok(launch(str(repo / "sample.py"), f"--out_dir={out}", "--max_new_tokens=5", "--start=All"))
     assert sample.stdout.startswith("All")
     helped = check_ok(launch(str(repo / "train.py"), "--help")).stdout
-    assert re.search(r"--mlp_ratio=4 +the MLP's hidden width", helped), helped
+    assert re.search(r"--rope_base=10000.0 +rotary angles", helped), helped
