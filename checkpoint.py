@@ -334,16 +334,26 @@ def rng_state(generator, torch_states):
             "batches": generator.get_state()}
 
 
+def saved_ranks(checkpoint):
+    """How many processes trained the run that saved the checkpoint (each kept its torch generators)."""
+    torch_states = checkpoint["rng"]["torch"]
+    return len(torch_states) if isinstance(torch_states, list) else 1
+
+
 def set_rng_state(state, generator, rank, device_type):
-    """Put back what rng_state saved; rank's own torch generators (a run resumed on other ranks than
-    it was saved from cannot continue exactly: each takes a saved rank's, in turn), its GPU's where it
-    trains on one and the checkpoint holds that kind's (one saved before Apple's GPUs were kept has none)."""
+    """Put back what rng_state saved; rank's own torch generators, its GPU's where it trains on one and the
+    checkpoint holds that kind's (one saved before Apple's GPUs were kept has none). A rank the run was not
+    saved from keeps the generators it was seeded with (train.py: seed + rank), its dropout masks its own;
+    a run resumed on more processes than it was saved from cannot continue exactly (saved_ranks says so)."""
     random.setstate(state["python"])
     cpu, gpu = (states if isinstance(states, list) else [states]
                 for states in (state["torch"], state.get(device_type, [])))
-    torch.set_rng_state(cpu[rank % len(cpu)])
-    if device_type in GPU_GENERATORS and gpu and gpu[rank % len(gpu)].numel():
-        GPU_GENERATORS[device_type].set_rng_state(gpu[rank % len(gpu)])
+    if not cpu:
+        raise ValueError("it keeps no process's torch generator")
+    if rank < len(cpu):
+        torch.set_rng_state(cpu[rank])
+    if device_type in GPU_GENERATORS and rank < len(gpu) and gpu[rank].numel():
+        GPU_GENERATORS[device_type].set_rng_state(gpu[rank])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
     generator.set_state(state["batches"])

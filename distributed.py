@@ -24,17 +24,18 @@ PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its paren
 AGREE_SECONDS = 1.0
 
 
-def fail_together(error, status=2):
+def fail_together(error, status=2, rank_0_checks=False):
     """fail() on every process of a torchrun job if any of them found an error (each says the first
     rank's words, and which rank and machine that was where not every rank found it: a file one
-    machine lacks, say), so that none is left waiting for the others; a single process just fails.
-    Exit status 2 for bad input, 1 for a fault."""
+    machine lacks, say; not for a check that rank 0 alone makes, rank_0_checks), so that none is left
+    waiting for the others; a single process just fails. Exit status 2 for bad input, 1 for a fault."""
     errors = gather(None if error is None else (str(error), socket.gethostname()))
     found = [(rank, e) for rank, e in enumerate(errors) if e]
     if not found:
         return
     rank, (message, host) = found[0]
-    fail(message if len(found) == len(errors) else f"{message} (found by rank {rank}, on {host})", status=status)
+    where = "" if rank_0_checks or len(found) == len(errors) else f" (found by rank {rank}, on {host})"
+    fail(message + where, status=status)
 
 
 def fail_alone(message, status=1):

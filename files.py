@@ -166,10 +166,15 @@ def load_torch_file(path):
     """What torch.save wrote to path, loaded with weights_only=True: plain data and tensors, so that
     loading a file runs no code from it. A file torch.save did not write (it writes a zip archive) is a
     NotSavedByTorch that says so (its callers name the file), where torch.load would fail in ways of
-    its own; torch.load's own errors (a damaged archive, pickled objects) pass through."""
+    its own; a record whose bytes no longer match their checksum is a zipfile.BadZipFile; torch.load's
+    own errors (a damaged archive, pickled objects) pass through."""
     import torch  # here, not at the top: data/prepare.py writes through this module and starts without torch
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
+    with zipfile.ZipFile(path) as archive:  # torch.load checks no record's CRC-32: a tensor's flipped bytes would load
+        damaged = archive.testzip()
+    if damaged is not None:
+        raise zipfile.BadZipFile(f"its record {damaged} fails its CRC-32 check: the file was damaged after it was written")
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

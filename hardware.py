@@ -100,10 +100,10 @@ def check_threads(n, setting="threads"):
     if n < 0:
         raise ValueError(f"threads must be at least 0 (0: the CPUs this process may use), got {n}")
     if n > MOST_THREADS_PER_CPU * usable_cpus():
-        instead = "or 0 for one a CPU" if setting == "threads" else "or unset it for one a CPU"
+        instead = "give 0" if setting == "threads" else "unset it"
         raise ValueError(f"{setting}={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "
-                         f"beyond those only wait for each other; use at most {MOST_THREADS_PER_CPU * usable_cpus()}, "
-                         + instead)
+                         f"beyond those only wait for each other; {instead} for one per CPU, or a number up to "
+                         f"{usable_cpus()} (at most {MOST_THREADS_PER_CPU * usable_cpus()} are accepted)")
 
 
 # OpenMP told to bind its threads (OMP_PROC_BIND, as Intel's tuning guides advise) pins this process's first

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pickle
+import zipfile
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args, get_origin
 
@@ -472,7 +473,7 @@ def read_weights(path, load):
     from safetensors import SafetensorError
     try:
         tensors = load(path)
-    except (SafetensorError, pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
+    except (SafetensorError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, EOFError, ValueError) as e:
         raise ValueError(f"{path} cannot be read as weights ({first_line(e, with_type=True)}); "
                          "download the model again") from None
     if not isinstance(tensors, dict):

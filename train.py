@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
-                        ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, set_rng_state,
-                        torch_rng_state, trained_settings, unlock_out_dir)
+                        ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, saved_ranks,
+                        set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import check_at_least, config_from_argv, fail, first_line, under_torchrun
 from data.loader import Batches, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
@@ -274,8 +274,9 @@ def set_up(cfg):
     set_up_cpu(cfg.threads, processes_here)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":
-        raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; "
-                         "use --optimizer=adamw with --parallelism=fsdp")
+        raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
+                         "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run keeps the "
+                         "optimizer it was trained with)")
     accumulation_steps = cfg.gradient_accumulation_steps or world_size
     if accumulation_steps % world_size:
         raise ValueError(f"gradient_accumulation_steps={accumulation_steps} must be a multiple of the number of "
@@ -515,8 +516,12 @@ def resume_state(state, checkpoint, path, setup, cfg):
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
                          f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
                          "train; raise them to train on, or evaluate it with --eval_only=true")
-    return (f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "
-            "file lost it): their optimizer state starts anew" if stateless else "")
+    notes = [f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "
+             "file lost it): their optimizer state starts anew" if stateless else ""]
+    if cfg.dropout > 0 and saved_ranks(checkpoint) != setup.world_size:  # each rank draws its masks from its own
+        notes.append(f"note: {path} was trained by {saved_ranks(checkpoint)} process(es), this run has "
+                     f"{setup.world_size}: dropout's masks do not continue as they would have")
+    return "\n".join(filter(None, notes))
 
 
 def wrap_model(cfg, setup, model, optimizers):
@@ -634,7 +639,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
         due = last or (state.iter_num % cfg.eval_interval == 0 and state.iter_num != start_iter)
         saved = False
         if due:  # a stop right before an evaluation still makes it, as an uninterrupted run would
-            saved = evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed,
+            saved = evaluate_and_save(state, cfg, data, setup, logger, n_eval,
                                       stopped(signum, state) if signum and not last else "evaluation",
                                       final=last or bool(signum))
             if not signum:  # one asked for while it evaluated stops here, at what it saved
@@ -659,7 +664,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
                    if logged or setup.distributed or stop.signum else None)
         signum, elapsed, failed = agree_on_stop(stop.signum, state.clock.seconds(), problem is not None, setup.device)
         if failed:
-            fail_together(problem, status=1)
+            fail_together(problem, status=1, rank_0_checks=True)  # rank 0 keeps the losses
         agreements.agreed(state.iter_num, elapsed)
         if logged:
             logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
@@ -676,15 +681,16 @@ def stopped(signum, state):
     return f"stopped by {signal.Signals(signum).name} after iteration {state.iter_num}"
 
 
-def evaluate_and_save(state, cfg, data, setup, logger, n_eval, elapsed, reason, final):
+def evaluate_and_save(state, cfg, data, setup, logger, n_eval, reason, final):
     """Evaluate on n_eval batches of each split, save the checkpoint (for `reason`) and log both losses;
     the clock stops meanwhile: evaluating, saving and drawing are not training time. Whether it saved."""
-    fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1)
+    fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1, rank_0_checks=True)
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])
         saved = save(state, cfg, data, setup, reason, final=final)
-        logger.evaluation(state.iter_num, losses, elapsed, saved)
+        # the clock itself, not the last time the ranks agreed on (under torchrun, only every few seconds)
+        logger.evaluation(state.iter_num, losses, state.clock.seconds(), saved)
     return saved
 
 
@@ -743,7 +749,7 @@ class StopRequest:
             self.stdout.reconfigure(line_buffering=True)
 
     def request(self, signum, frame):
-        self.signum = signum
+        self.signum = self.signum or signum  # the first names the stop: torchrun follows a Ctrl-C with a SIGTERM
 
     def output_closed(self, error):
         """stdout takes no more text: its reader left (a stop, quietly, as a Unix tool stops), or its disk
@@ -784,7 +790,8 @@ def save(state, cfg, data, setup, reason, final=False):
                       "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}
         problem = write_checkpoint(checkpoint, path, cfg, state)
     if final:  # no evaluation is left to try again at
-        fail_together(problem and f"{problem}; free some space, or pick another --out_dir, and run again", status=1)
+        fail_together(problem and f"{problem}; free some space, or pick another --out_dir, and run again", status=1,
+                      rank_0_checks=True)  # rank 0 writes it
     elif problem:
         print(f"warning: {problem}; training goes on and tries again at the next evaluation")
     written = gather(problem is None)[0]  # rank 0's: every rank then says the same of out_dir's checkpoint

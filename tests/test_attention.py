@@ -608,6 +608,21 @@ def test_rotary_turns_pairs_so_scores_depend_only_on_distance():
     torch.testing.assert_close(turned[[0, 4]], torch.stack([angle.cos(), angle.sin()]))
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_rotary_attention_sees_how_far_apart_tokens_are_not_where_they_are(backend):
+    """MultiHeadAttention turns queries and keys alike: the same ten tokens at positions 0-9 or 7-16 give the
+    same output (q·k depends on distance only), and another output than with no rotation. Keys left unturned
+    (queries only) had passed every test and trained a worse model."""
+    model = GPT(GPTConfig(vocab_size=8, block_size=32, n_layer=1, n_head=2, n_embd=16, pos_embedding="rope"))
+    attn = MultiHeadAttention(16, 2, dropout=0.0, bias=False, backend=backend).eval()
+    torch.manual_seed(0)
+    x = torch.randn(2, 10, 16)
+    at = lambda start: attn(x, rotary=(model.rope_cos[start:start + 10], model.rope_sin[start:start + 10]))
+    with torch.no_grad():
+        torch.testing.assert_close(at(0), at(7), atol=1e-5, rtol=0)
+        assert (at(0) - attn(x)).abs().max() > 1e-2, "the rotation changed nothing"
+
+
 @pytest.mark.parametrize("position, pair", [(1, 1), (5, 1), (7, 2), (15, 3), (15, 0)])
 def test_rotary_tables_turn_pair_i_at_position_p_by_p_times_10000_to_the_minus_2i_over_hs(position, pair):
     """GPT's rope_cos and rope_sin against RoPE's formula, written out here in float64: position p turns

@@ -116,6 +116,19 @@ def test_fsdp_shards_over_the_training_device_whatever_accelerator_the_machine_h
     assert meshes == {"cpu"}
 
 
+def test_muon_under_fsdp_is_refused_with_both_ways_out(monkeypatch):
+    """Muon needs whole matrices. The advice was --optimizer=adamw alone, which a run trained with Muon
+    cannot resume with (its optimizer state is Muon's): resume's own check then sent the user back."""
+    import train
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)  # as torchrun starts its first worker
+    with pytest.raises(ValueError) as refused:
+        train.set_up(train.TrainConfig(parallelism="fsdp", device="cpu", threads=1, init_from="resume"))
+    assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
+                                  "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run "
+                                  "keeps the optimizer it was trained with)")
+
+
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():
     data = torch.arange(1_000_000).numpy()
     one, *ranks = (Batches(data, 8, 4, seed=0, device="cpu") for _ in range(3))  # one process; two ranks
@@ -173,6 +186,10 @@ def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(
         with pytest.raises(SystemExit) as exit:
             distributed.fail_together(found)
         assert exit.value.code == 2 and capsys.readouterr().err == f"error: {said}\n"
+    monkeypatch.setattr(distributed, "gather", lambda error: [error, None])  # a check rank 0 alone makes
+    with pytest.raises(SystemExit):
+        distributed.fail_together(ValueError("the loss became nan at iteration 3"), status=1, rank_0_checks=True)
+    assert capsys.readouterr().err == "error: the loss became nan at iteration 3\n"  # not "found by rank 0"
     monkeypatch.setattr(distributed, "gather", lambda error: [None, None])
     distributed.fail_together(None)  # no rank found one: on it goes
 

@@ -408,6 +408,21 @@ def test_from_pretrained_reads_pytorch_model_bin_and_bare_gpt2model(hf_gpt2, tmp
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
 
 
+def test_from_pretrained_refuses_a_pytorch_model_bin_damaged_inside_a_tensor(hf_gpt2, tmp_path):
+    """torch.load checks no CRC-32: a torn or damaged download's weights loaded as they were."""
+    directory, _, _, hf = hf_gpt2
+    (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
+    wte = hf.state_dict()["transformer.wte.weight"]
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    data = bytearray((tmp_path / "pytorch_model.bin").read_bytes())
+    start = data.index(wte[5].numpy().tobytes())
+    data[start:start + 8] = bytes(8)
+    (tmp_path / "pytorch_model.bin").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(BadZipFile: its record "
+                                         r"\S+ fails its CRC-32 check.*\); download the model again$"):
+        GPT.from_pretrained(str(tmp_path))
+
+
 def test_from_pretrained_refuses_tensors_it_would_not_use(hf_gpt2, tmp_path):
     """A head of its own (untied) or a tensor GPT-2 lacks loaded without a word: the separate head even
     overwrote the token embedding it is tied to here. An older file's causal-mask buffers still load."""
@@ -635,6 +650,8 @@ def test_tiny_model_overfits_one_batch(backend):
 
 
 def test_loss_ignores_targets_of_minus_one():
+    """Targets of -1 are left out; every other position counts, the last one too (a loss that skipped
+    it never trained the position sampling predicts from once the window is full)."""
     model = make_gpt("manual")
     idx, targets = rand_tokens(B, 8), rand_tokens(B, 8, seed=1)
     with torch.no_grad():
@@ -645,6 +662,8 @@ def test_loss_ignores_targets_of_minus_one():
     expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 64), targets[:, :4].reshape(-1))
     torch.testing.assert_close(partial, expected, atol=1e-6, rtol=0)
     assert not torch.isclose(partial, loss)
+    every = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), targets.reshape(-1))
+    torch.testing.assert_close(loss, every, atol=1e-6, rtol=0)
 
 
 def test_loss_takes_a_sliced_target():

@@ -266,6 +266,24 @@ def test_corrupt_bytes_inside_a_checkpoint_are_called_corrupt_not_unsafe(tmp_pat
     assert "Python objects" not in str(e.value) and "\n" not in str(e.value), e.value
 
 
+def test_bytes_damaged_inside_a_checkpoint_s_tensor_are_refused_not_trained_on(tmp_path):
+    """torch.load reads a tensor's bytes without checking their CRC-32: a checkpoint damaged inside its
+    weights loaded, and a resume trained on from the damaged values without a word."""
+    path = tmp_path / "ckpt.pt"
+    weights = torch.arange(4096, dtype=torch.float32)
+    save_checkpoint({"model": {"w": weights}, "iter_num": 3}, str(path))
+    assert torch.equal(load_checkpoint(str(path))["model"]["w"], weights)
+    data = bytearray(path.read_bytes())
+    start = data.index(weights[1000:1004].numpy().tobytes())  # inside the tensor's own record
+    data[start:start + 16] = bytes(16)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(path))
+    assert re.fullmatch(rf"{re.escape(str(path))} is truncated or corrupt and cannot be loaded \(BadZipFile: its "
+                        r"record \S+/data/0 fails its CRC-32 check: the file was damaged after it was written\)",
+                        str(e.value)), e.value
+
+
 def test_no_byte_flipped_in_a_checkpoint_s_pickle_makes_a_traceback_or_a_warning(tmp_path):
     """Each byte of the pickled part flipped in turn: torch's unpickler, derailed, raised KeyError, IndexError,
     TypeError or AttributeError (tracebacks from sample.py and a resume), warned of TypedStorage on the way,
@@ -1132,7 +1150,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, 
     """Each ~19 MB checkpoint fits once in 30 MB, not twice: the save at iteration 2 works, the one at
     4 fails with a warning while training goes on, the last one (6) fails the run with one line."""
     out = small_disk / "out"
-    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw",
+    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--mlp_ratio=4", "--optimizer=adamw",
                   f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2", "--log_interval=1")
     assert proc.returncode == 1, describe(proc)
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -1733,7 +1751,9 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
     assert pick_threads(0, processes_here=8) == 1
     assert pick_threads(5) == 5  # a setting wins
     assert pick_threads(12) == 12  # more than the CPUs, within reason: 4 a CPU
-    with pytest.raises(ValueError, match=r"threads=13 is far more than the 3 CPUs this process may use.*at most 12"):
+    with pytest.raises(ValueError, match=r"threads=13 is far more than the 3 CPUs this process may use, and threads "
+                                         r"beyond those only wait for each other; give 0 for one per CPU, or a number "
+                                         r"up to 3 \(at most 12 are accepted\)$"):
         pick_threads(13)  # thousands crash the process
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert pick_threads(0) == 2
@@ -1745,7 +1765,7 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
                                              r"set it to a positive integer"):
             pick_threads(0)
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")  # torch.set_num_threads(100000) segfaults
-    with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*or unset it"):
+    with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*; unset it for one per CPU"):
         pick_threads(0)
     assert pick_threads(4) == 4  # a setting wins over the environment, even a bad one
     with pytest.raises(ValueError, match=r"threads must be at least 0 \(0: the CPUs"):
@@ -2004,6 +2024,33 @@ def test_a_gpus_generator_is_saved_and_put_back(monkeypatch, kind):
     assert generator[0].tolist() == [1, 2, 3]
     cpu_run = checkpoint.rng_state(torch.Generator(), [checkpoint.torch_rng_state("cpu")])
     assert [cpu_run[k][0].numel() for k in ("cuda", "mps")] == [0, 0]
+
+
+def test_a_rank_the_run_was_not_saved_from_draws_dropout_of_its_own(tmp_path, data_dir, capsys):
+    """A run saved by one process and resumed by two: rank 1 took rank 0's saved generator, so both ranks
+    drew the same dropout masks for the rest of the run. It keeps the one it was seeded with; and a resume
+    on another number of processes says that dropout does not continue as it would have."""
+    import checkpoint
+    torch.manual_seed(5)
+    saved = checkpoint.rng_state(torch.Generator(), [checkpoint.torch_rng_state("cpu")])  # one process's
+    torch.manual_seed(1337 + 1)  # rank 1's seed, as train.py sets it
+    checkpoint.set_rng_state(saved, torch.Generator(), 1, "cpu")
+    assert not torch.equal(torch.get_rng_state(), saved["torch"][0])
+    checkpoint.set_rng_state(saved, torch.Generator(), 0, "cpu")
+    assert torch.equal(torch.get_rng_state(), saved["torch"][0])
+    import train
+    from train import TrainConfig
+    cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(tmp_path), device="cpu", compile=False, dtype="float32",
+                      n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2, max_seconds=0, max_iters=2,
+                      eval_iters=1, dropout=0.1)
+    train.main(cfg)
+    two = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    two["rng"]["torch"] = two["rng"]["torch"] * 2  # as two processes would have saved it
+    save_checkpoint(two, str(tmp_path / "ckpt.pt"))
+    capsys.readouterr()
+    train.main(TrainConfig(**{**asdict(cfg), "init_from": "resume", "max_iters": 3}))
+    assert (f"note: {tmp_path / 'ckpt.pt'} was trained by 2 process(es), this run has 1: dropout's masks do not "
+            "continue as they would have") in capsys.readouterr().out
 
 
 def test_eval_only_writes_no_cpu_peak(tmp_path, data_dir, monkeypatch):

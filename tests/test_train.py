@@ -246,6 +246,25 @@ def interrupted_run(cfg, monkeypatch, at):
     assert stopped.value.code == 128 + signal.SIGINT and load(Path(cfg.out_dir) / "ckpt.pt")["iter_num"] == at
 
 
+def test_a_stop_is_named_by_its_first_signal(tmp_path, data_dir, monkeypatch, capsys):
+    """torchrun follows a Ctrl-C with a SIGTERM to its workers: the run was saved as "stopped by SIGTERM" and
+    exited 143, as if the machine had been shut down. The first signal names the stop."""
+    import signal
+    import train
+    real = train.train_step
+
+    def step(state, *args):
+        if state.iter_num + 1 == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(state, *args)
+    monkeypatch.setattr(train, "train_step", step)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=5, eval_interval=100))
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert "(stopped by SIGINT after iteration 2)" in capsys.readouterr().out
+
+
 def test_a_stop_asked_for_during_an_evaluation_stops_at_it(tmp_path, data_dir, monkeypatch, capsys):
     """Ctrl-C while the run evaluates (and saves): it trained one more step and saved a second time, a
     second write of a large checkpoint inside a preemption's grace period. It now stops at what it saved."""
@@ -400,6 +419,18 @@ def test_a_run_of_an_earlier_default_resumes_with_its_command_line(tmp_path, dat
     with pytest.raises(SystemExit) as refused:
         train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, init_from="resume", activation="gelu"))
     assert refused.value.code == 2 and "activation=relu2 (now gelu)" in capsys.readouterr().err
+
+
+def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_path, data_dir, monkeypatch):
+    """Under torchrun the ranks agree on the clock only every few seconds; evaluations recorded that agreed
+    time, so two of them could say the same second, and loss.png's time axis went back. Here no agreement
+    ever moves the time past 0 (as between a torchrun job's agreements), and the records still count it."""
+    import train
+    real = train.agree_on_stop
+    monkeypatch.setattr(train, "agree_on_stop", lambda signum, seconds, failed, device: real(signum, 0.0, failed, device))
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2))
+    seconds = [r["seconds"] for r in metrics(tmp_path) if "val_loss" in r]
+    assert len(seconds) == 3 and 0 < seconds[0] < seconds[1] < seconds[2], seconds
 
 
 def test_a_checkpoint_from_before_a_model_setting_existed_resumes_and_samples_as_it_was_trained(tmp_path, data_dir,
@@ -640,11 +671,12 @@ def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_defaul
     assert multipliers == [{round(m, 12)} for m in [1 / 3, 2 / 3, *cosine]]
 
 
-def gradient_at_the_update(cfg, accumulation_steps, model, tokens, monkeypatch):
-    """Every gradient, flattened, as the optimizers get it in train.py's first step of model on tokens."""
+def gradient_at_the_update(cfg, accumulation_steps, model, tokens, monkeypatch, dtype=torch.float32):
+    """Every gradient, flattened, as the optimizers get it in train.py's first step of model on tokens
+    (in fp16, through the loss scaler, as on a GPU)."""
     import train
     setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False,
-                        accumulation_steps=accumulation_steps, device="cpu", dtype=torch.float32)
+                        accumulation_steps=accumulation_steps, device="cpu", dtype=dtype)
     state = train.new_train_state(cfg, setup, model, tokens)
     seen, real_step = [], state.optimizers[0].step
 
@@ -657,18 +689,32 @@ def gradient_at_the_update(cfg, accumulation_steps, model, tokens, monkeypatch):
     return seen[0]
 
 
+def test_the_best_val_loss_is_the_lowest_on_the_way_not_the_last(tmp_path, data_dir, monkeypatch, capsys):
+    """A run whose val loss rises after its first evaluation: its checkpoint and its last line keep the lowest."""
+    import train
+    said = iter([2.0, 3.0, 2.5])
+    monkeypatch.setattr(train, "evaluate", lambda *args, **kwargs: {"train": 1.0, "val": next(said)})
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2))
+    assert load(tmp_path / "ckpt.pt")["best_val_loss"] == 2.0
+    assert "(best val loss on the way 2.0000)" in capsys.readouterr().out
+
+
 def test_clipping_reaches_the_optimizers(tmp_path, data_dir, monkeypatch):
-    """What the optimizers step on has a norm of at most grad_clip, where the raw gradient's is larger."""
+    """What the optimizers step on has a norm of at most grad_clip, where the raw gradient's is larger; in
+    fp16 too, where the gradients are clipped once the loss scaler has divided its scale back out (clipped
+    before, at 65,536 times their size, they would step at a norm 65,536 times too small)."""
     import train
     tokens = np.random.default_rng(0).integers(40, size=500).astype(np.uint16)
 
-    def norm(grad_clip):
+    def norm(grad_clip, dtype=torch.float32):
         cfg = tiny_config(data_dir, tmp_path, compile=False, grad_clip=grad_clip)
         torch.manual_seed(0)
-        return gradient_at_the_update(cfg, 1, GPT(train.model_config(cfg, 40)), tokens, monkeypatch).norm().item()
+        model = GPT(train.model_config(cfg, 40))
+        return gradient_at_the_update(cfg, 1, model, tokens, monkeypatch, dtype).norm().item()
 
     assert norm(0.0) > 0.05
     assert norm(0.05) == pytest.approx(0.05, rel=1e-4)
+    assert norm(0.05, torch.float16) == pytest.approx(0.05, rel=1e-4)
 
 
 def test_a_step_over_micro_batches_steps_on_their_mean_gradient(tmp_path, data_dir, monkeypatch):
