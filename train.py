@@ -62,7 +62,6 @@ class TrainConfig(GPTConfig):
     pos_embedding: Positions = "rope"
     norm: Norm = "rmsnorm"  # normalisation before attention, MLP and head; RMSNorm: no centring, fewer ops
     activation: Activation = "relu2"  # the MLP's nonlinearity; relu(x)^2: cheaper than GELU, as good or better in 190 s
-    mlp_ratio: int = 2  # the MLP's hidden width in multiples of n_embd; GPT-2's 4 costs more steps than it pays in 190 s
     # I/O
     out_dir: str = OUT_DIR  # where ckpt.pt, metrics.jsonl and loss.png go
     data_dir: str = SHAKESPEARE_CHAR_DIR  # train.bin, val.bin and meta.json from data/prepare.py

@@ -69,7 +69,7 @@ from sample import compile_for_decoding
 from train import TrainConfig, model_config
 
 # Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
-# shape but for its MLP, which nanoGPT has 4 wide as GPT-2), and GPT-2 124M for a paragraph, greedy
+# shape), and GPT-2 124M for a paragraph, greedy
 REFERENCE_DEFAULTS = {
     "nanogpt": {"n_layer": 4, "n_head": 4, "n_embd": 128, "mlp_ratio": 4, "block_size": 64, "max_new_tokens": 500,
                 "temperature": 1.0},

@@ -213,7 +213,7 @@ def test_sample_bench_goals_apply_only_where_they_are_stated(capsys):
     c = SimpleNamespace(n_layer=4, n_head=4, n_embd=128, mlp_ratio=4, block_size=64)  # nanoGPT's CPU model
     ratios = {"kv_cache_vs_no_cache": 4.0, "kv_cache_vs_nanogpt": 3.5}
     assert check_requirements(c, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
-    narrow = SimpleNamespace(**{**vars(c), "mlp_ratio": 2})  # train.py's CPU default: half nanoGPT's MLP
+    narrow = SimpleNamespace(**{**vars(c), "mlp_ratio": 2})  # half nanoGPT's MLP: another model
     assert not check_requirements(narrow, SampleBench(), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"]
     for change in (dict(temperature=0.0), dict(prompt_len=60), dict(max_new_tokens=50)):
         assert not check_requirements(c, SampleBench(**change), "cpu", ratios)["kv_cache_vs_nanogpt"]["applies"], change

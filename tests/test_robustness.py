@@ -1150,7 +1150,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, 
     """Each ~19 MB checkpoint fits once in 30 MB, not twice: the save at iteration 2 works, the one at
     4 fails with a warning while training goes on, the last one (6) fails the run with one line."""
     out = small_disk / "out"
-    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--mlp_ratio=4", "--optimizer=adamw",
+    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw",
                   f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2", "--log_interval=1")
     assert proc.returncode == 1, describe(proc)
     assert "Traceback" not in proc.stdout + proc.stderr
