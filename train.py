@@ -35,7 +35,7 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resu
                         ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, saved_ranks,
                         set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import check_at_least, config_from_argv, fail, first_line, under_torchrun
-from data.loader import Batches, load_meta, open_split, tokenizer_meta
+from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
@@ -194,9 +194,7 @@ def main(cfg):
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
                 note = "\n".join(filter(None, [note, changed]))
-            torch.manual_seed(cfg.seed)
-            random.seed(cfg.seed)
-            np.random.seed(cfg.seed)
+            seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
             state = new_train_state(cfg, setup, model, data.train)
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
@@ -223,6 +221,8 @@ def main(cfg):
         return model
     except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
         fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
+    except DamagedTokens as e:  # found in a batch, by this rank alone
+        fail_alone(str(e), status=1)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
         if ran_out_of_memory(e):
             fail_alone(out_of_memory(cfg, e, has_checkpoint(cfg, state), building=model is None), status=1)
@@ -235,6 +235,13 @@ def main(cfg):
             leave_process_group()
         finally:
             stop.release()
+
+
+def seed_everything(seed):
+    """Python's, NumPy's and torch's generators, as a run of this seed draws from them from the start."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
 
 
 @dataclass
@@ -439,7 +446,7 @@ def new_train_state(cfg, setup, model, train_tokens):
                                       (cfg.beta1, cfg.beta2), cfg.muon_lr, setup.device_type, setup.dtype)
     scaler = torch.amp.GradScaler(setup.device_type, enabled=setup.dtype == torch.float16)
     return TrainState(model, optimizers, scaler, Batches(train_tokens, cfg.block_size, cfg.batch_size, cfg.seed,
-                                                         setup.device))
+                                                         setup.device, model.config.vocab_size))
 
 
 class Clock:
@@ -573,7 +580,7 @@ def evaluation_batches(model, data, cfg, setup):
     here, before the clock starts; the slowest rank's time decides, so that all take as many."""
     if cfg.max_seconds <= 0:
         return cfg.eval_iters
-    x, y = Batches(data.val, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device).load(
+    x, y = Batches(data.val, cfg.block_size, cfg.batch_size, EVAL_SEED, setup.device, model.config.vocab_size).load(
         torch.zeros(cfg.batch_size, dtype=torch.long))
     model.eval()
     with setup.autocast():
@@ -604,7 +611,7 @@ def evaluate(model, data, cfg, setup, n_batches=None):
     losses = {}
     rounds = -(-n_batches // setup.world_size)
     for split, tokens in (("train", data.train), ("val", data.val)):
-        eval_batches = Batches(tokens, cfg.block_size, cfg.batch_size, seed=EVAL_SEED, device=setup.device)
+        eval_batches = Batches(tokens, cfg.block_size, cfg.batch_size, EVAL_SEED, setup.device, model.config.vocab_size)
         offsets = eval_batches.offsets(n_batches)
         total = torch.zeros((), device=setup.device)
         # a bar only where someone watches: a terminal, and evaluations long enough to wait for

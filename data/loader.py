@@ -73,13 +73,19 @@ def open_split(data_dir, split, meta=None):
     return tokens
 
 
+class DamagedTokens(ValueError):
+    """A batch holds a token id outside the model's vocabulary: the file changed since it was prepared."""
+
+
 class Batches:
     """Random windows of the token stream. At each optimizer step one generator, seeded the same on
     every rank, draws offsets for all micro-steps of all ranks; rank r takes its own slice, so ranks
-    never read the same batch and N ranks see exactly what 1 rank sees over N micro-steps."""
+    never read the same batch and N ranks see exactly what 1 rank sees over N micro-steps. With
+    vocab_size, every batch is checked to hold ids below it (a model would fail on others)."""
 
-    def __init__(self, data, block_size, batch_size, seed, device):
+    def __init__(self, data, block_size, batch_size, seed, device, vocab_size=None):
         self.data, self.block_size, self.batch_size, self.device = data, block_size, batch_size, device
+        self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(seed)
 
     def offsets(self, n_batches):
@@ -96,7 +102,14 @@ class Batches:
         """Inputs x and next-token targets y, each (batch_size, block_size), read in one gather."""
         # each row: block_size + 1 tokens from its offset, the inputs and, one further along, the targets
         positions = offsets.numpy()[:, None] + np.arange(self.block_size + 1)  # (batch_size, block_size + 1)
-        rows = torch.from_numpy(self.data[positions].astype(np.int64))  # (batch_size, block_size + 1)
+        tokens = self.data[positions]  # (batch_size, block_size + 1)
+        # open_split checked the files against meta.json's record of them, not every token since: a byte damaged
+        # later is found here, before the model (on a GPU, an id past the embedding is an unrecoverable fault)
+        if self.vocab_size is not None and tokens.max() >= self.vocab_size:
+            where = getattr(self.data, "filename", None) or "the token file"
+            raise DamagedTokens(f"{where} holds token id {tokens.max()}, outside the model's vocabulary of "
+                                f"{self.vocab_size}: it changed since it was prepared; prepare the data again")
+        rows = torch.from_numpy(tokens.astype(np.int64))
         x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
         if self.device.startswith("cuda"):  # pinned memory lets the copy overlap with compute
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)

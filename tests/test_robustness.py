@@ -284,6 +284,23 @@ def test_bytes_damaged_inside_a_checkpoint_s_tensor_are_refused_not_trained_on(t
                         str(e.value)), e.value
 
 
+def test_a_token_file_damaged_since_it_was_prepared_is_one_line_not_a_traceback(tmp_path, launch):
+    """train.bin rewritten with ids past the vocabulary, its length and meta.json as prepared: the checks at
+    start pass (they read meta.json's record), and the model's embedding failed on a batch, a traceback on
+    every rank (on a GPU, an unrecoverable device fault). The batch is checked before the model gets it."""
+    import numpy as np
+    prepare_char(TEXT, str(tmp_path / "data"))
+    path = tmp_path / "data" / "train.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[::5] = 65535
+    tokens.tofile(path)
+    vocab = json.loads((tmp_path / "data" / "meta.json").read_text())["vocab_size"]
+    proc = launch("train.py", *TINY, f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--max_iters=3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [f"error: {path} holds token id 65535, outside the model's vocabulary of {vocab}: "
+                                        "it changed since it was prepared; prepare the data again"], proc.stderr
+
+
 def test_no_byte_flipped_in_a_checkpoint_s_pickle_makes_a_traceback_or_a_warning(tmp_path):
     """Each byte of the pickled part flipped in turn: torch's unpickler, derailed, raised KeyError, IndexError,
     TypeError or AttributeError (tracebacks from sample.py and a resume), warned of TypedStorage on the way,
