@@ -349,6 +349,12 @@ def test_recipe_bench_gives_its_runs_its_device(tmp_path):
     assert args.index("--device=cpu") < args.index("--device=auto"), args  # the later flag wins in train.py
 
 
+# runs the script given after it with Ctrl-C as a terminal delivers it, even where the shell that started the
+# tests ignores SIGINT (a background job does), which the script, and the processes it starts, would inherit
+AS_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                 "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def children(pid):
     """The process ids of a process's children (Linux)."""
     return [int(c) for f in Path(f"/proc/{pid}/task").glob("*/children") for c in f.read_text().split()]
@@ -363,16 +369,18 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
     import signal
     if to == "run" and not list(Path("/proc/self/task").glob("*/children")):
         pytest.skip("needs Linux's /proc/PID/task/TID/children")
-    proc = subprocess.Popen([sys.executable, "bench/recipe.py", "--configs=default", "--seeds=1,2", "--iterations=100000",
-                             "--device=cpu", f"--train_args={tiny_run(data_dir)} --compile=false --threads=1",
+    proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, "bench/recipe.py", "--configs=default", "--seeds=1,2",
+                             "--iterations=100000", "--device=cpu",
+                             f"--train_args={tiny_run(data_dir)} --compile=false --threads=1",
                              f"--work_dir={tmp_path / 'runs'}", f"--out={tmp_path / 'r.json'}"], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     log = tmp_path / "runs" / "default-seed1" / "train.log"
-    for _ in range(600):  # until the first run trains
+    for _ in range(1200):  # until the first run trains
         if log.exists() and "iter " in log.read_text():
             break
         time.sleep(0.1)
     try:
+        assert log.exists() and "iter " in log.read_text(), "the first run did not start training within 120 s"
         if to == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -397,11 +405,7 @@ def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_p
     (train.py's own loop saves) in a temporary folder."""
     import signal
     (tmp_path / "tmp").mkdir()
-    # Ctrl-C as a terminal delivers it, even where the shell that started the tests ignores SIGINT (a background
-    # job does), which the child would otherwise inherit
-    as_a_terminal = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = subprocess.Popen([sys.executable, "-c", as_a_terminal, script, *args, "--threads=1",
+    proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, script, *args, "--threads=1",
                              f"--out={tmp_path / 'x.json'}"], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp_path / "tmp")},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
