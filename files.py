@@ -174,7 +174,8 @@ def load_torch_file(path):
     with zipfile.ZipFile(path) as archive:  # torch.load checks no record's CRC-32: a tensor's flipped bytes would load
         damaged = archive.testzip()
     if damaged is not None:
-        raise zipfile.BadZipFile(f"its record {damaged} fails its CRC-32 check: the file was damaged after it was written")
+        raise zipfile.BadZipFile(f"its record {damaged} fails its CRC-32 check: the file was damaged after it was "
+                                 "written")
     return torch.load(path, map_location="cpu", weights_only=True)
 
 

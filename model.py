@@ -473,7 +473,8 @@ def read_weights(path, load):
     from safetensors import SafetensorError
     try:
         tensors = load(path)
-    except (SafetensorError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, EOFError, ValueError) as e:
+    except (SafetensorError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, EOFError,
+            ValueError) as e:
         raise ValueError(f"{path} cannot be read as weights ({first_line(e, with_type=True)}); "
                          "download the model again") from None
     if not isinstance(tensors, dict):

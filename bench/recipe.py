@@ -324,7 +324,8 @@ def losses_by_own_code(repo, runs, batches, cfg, device, tmp):
     done = subprocess.run(argv, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         lines = done.stdout.strip().splitlines()
-        return [{"error": f"the evaluation by {repo}'s code failed: {lines[-1] if lines else done.returncode}"}] * len(runs)
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        return [{"error": f"the evaluation by {repo}'s code failed: {why}"}] * len(runs)
     with open(out) as f:
         return json.load(f)
 

@@ -90,7 +90,7 @@ class SampleBench:
     n_layer: Optional[int] = None  # random weights: transformer blocks (none: the reference's, REFERENCE_DEFAULTS)
     n_head: Optional[int] = None  # random weights: attention heads (none: the reference's)
     n_embd: Optional[int] = None  # random weights: width of the residual stream (none: the reference's)
-    mlp_ratio: Optional[int] = None  # random weights: the MLP's hidden width in multiples of n_embd (none: the reference's)
+    mlp_ratio: Optional[int] = None  # random weights: the MLP's width in multiples of n_embd (none: the reference's)
     block_size: Optional[int] = None  # none: the reference's or the checkpoint's; smaller crops a checkpoint
     vocab_size: int = 0  # random weights against nanogpt: 0 takes data/shakespeare_char/meta.json's, else 65
     attention: Optional[Backend] = None  # none: manual / the checkpoint's
