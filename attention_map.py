@@ -87,15 +87,16 @@ def row_arithmetic(q, k, v, weights):
     return scores, brought / brought.sum(dim=-1, keepdim=True), (weights @ v).norm(dim=-1)
 
 
-def write_attention_page(model, ids, labels, n_prompt, path, title):
+def write_attention_page(model, ids, labels, n_prompt, path, title, layer=0, head=0):
     """One self-contained HTML page (attention_map.html, beside this file, filled in) to explore the
-    attention of the text ids (labels: each token as text; the first n_prompt are the prompt).
+    attention of the text ids (labels: each token as text; the first n_prompt are the prompt), opened
+    on one layer and head.
     Scores are kept in half precision (3 significant digits), shares in a byte (1/255), |o| in
     fp32: a few MB for the default model over 1,000 tokens (bench/attention_page.py measures it)."""
     scores, shares, norms = attention_rows(model, ids)
     c = model.config
     data = {"tokens": labels, "n_prompt": n_prompt, "n_layer": c.n_layer, "n_head": c.n_head,
-            "head_size": c.n_embd // c.n_head, "block_size": c.block_size,
+            "head_size": c.n_embd // c.n_head, "block_size": c.block_size, "layer": layer, "head": head,
             "scores": packed(scores.to(torch.float16)), "shares": packed((shares * 255).round().to(torch.uint8)),
             "out_norms": packed(norms.to(torch.float32))}
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_map.html"), encoding="utf-8") as f:

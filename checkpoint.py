@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from configurator import first_line, whole_number
-from data.tokenizer import tokenizer_from_meta
+from data.prepare import same_folder
+from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, writable_directory
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
@@ -148,7 +149,7 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
     differ = [f"{k}={v} (now {getattr(cfg, k)})" for k, v in before.items() if v != getattr(cfg, k)]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
-        same_dir = os.path.normpath(str(saved.get("data_dir", ""))) == os.path.normpath(cfg.data_dir)
+        same_dir = same_folder(str(saved.get("data_dir", "")), cfg.data_dir)
         remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
                   "start a new run" if same_dir else
                   f"resume on the data it was trained on (--data_dir={saved.get('data_dir', '...')})")
@@ -204,6 +205,8 @@ def checkpoint_tokenizer(checkpoint, path):
     the file where that record is damaged, rather than one that blames a meta.json."""
     try:
         return tokenizer_from_meta(checkpoint["tokenizer"])
+    except TokenizerUnavailable:  # the install's fault, not the file's: training again would not help
+        raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"{path} is damaged (its tokenizer record: {type(e).__name__}: {e}); train again, or use "
                          "a copy of an earlier checkpoint") from None

@@ -73,6 +73,13 @@ def check_at_least(config, minimum, *names, meaning=""):
             raise ValueError(f"{name} must be at least {minimum}{f' ({meaning})' if meaning else ''}, got {value}")
 
 
+def expand_home(config, *names):
+    """A leading ~ in each named path setting is the home directory (~user's too), as in a shell, which
+    expands it only at the start of a word and so never after --key= (bash's own assignments aside)."""
+    for name in names:
+        setattr(config, name, os.path.expanduser(getattr(config, name)))
+
+
 def type_name(tp):
     if typing.get_origin(tp) is typing.Literal:
         return " | ".join(repr(c) for c in typing.get_args(tp))

@@ -148,8 +148,8 @@ def read_text_file(path, flag):
     """The text of the UTF-8 file that the user gave with flag (see check_text_file); a ValueError that
     names flag and says what to give instead where it cannot be read."""
     check_text_file(path, flag)
-    try:
-        with open(path, encoding="utf-8") as f:
+    try:  # utf-8-sig: a byte-order mark (Windows' "UTF-8 with BOM") is not text
+        with open(path, encoding="utf-8-sig") as f:
             return f.read()
     except UnicodeDecodeError as e:
         raise ValueError(f"{flag}{path} is not UTF-8 text ({e.reason} at byte {e.start}); give a text file "

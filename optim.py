@@ -52,10 +52,15 @@ def lr_multiplier(cfg, it, elapsed):
 def schedule_note(cfg):
     """A note on a schedule that is likely not what was meant, else "": lr_decay_iters set but not used, since
     with max_seconds the decay follows the clock (a config's iteration schedule run for a time, as
-    bench/recipe.py runs nanoGPT's); or a run by iterations that ends before its warm-up does."""
+    bench/recipe.py runs nanoGPT's); max_iters set where the decay follows the clock, so that a run it stops
+    ends before its decay does; or a run by iterations that ends before its warm-up does."""
     if cfg.max_seconds > 0 and cfg.lr_decay_iters:
         return (f"note: lr_decay_iters={cfg.lr_decay_iters} is not used: with max_seconds={cfg.max_seconds:g} the "
                 "learning rate decays by the clock (--max_seconds=0 decays it by iterations)")
+    if cfg.max_seconds > 0 and cfg.max_iters < type(cfg)().max_iters:  # fewer than the default: set to stop
+        return (f"note: with max_seconds={cfg.max_seconds:g} the learning rate decays by the clock: max_iters="
+                f"{cfg.max_iters} only stops the run, before the decay ends if it comes first (--max_seconds=0 "
+                "decays it by iterations, to max_iters)")
     if schedule_reads_max_iters(cfg) and 0 < cfg.max_iters <= cfg.warmup_iters:
         return (f"note: max_iters={cfg.max_iters} ends within the warm-up (warmup_iters={cfg.warmup_iters}): the "
                 "learning rate only rises; set --warmup_iters below max_iters for a warm-up and a decay")

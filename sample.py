@@ -22,18 +22,25 @@ from attention import Backend, check_backend
 from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
-from configurator import check_at_least, config_from_argv, fail, first_line
+from configurator import check_at_least, config_from_argv, expand_home, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import (DType, check_threads, make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory,
                       set_up_cpu)
-from model import GPT, check_init_from, check_sampling
+from model import GPT, RUNTIME_SETTINGS, check_init_from, check_sampling
 
 
 SAMPLE_NEW_TOKENS = 500  # tokens per sample when max_new_tokens is not given
 # an attention page, when max_new_tokens is not given, shows a line the model writes, at most this many
 # tokens: GPT-2's page over a prompt and 128 tokens is a few MB (bench/attention_page.py)
 PAGE_NEW_TOKENS = 128
+# The settings each way of running leaves unread: samples, an .html attention page (which continues the
+# prompt once, with the cache, in float32) and a picture (the prompt's attention alone, in float32). One
+# given that the way chosen leaves unread gets a note, not silence.
+UNREAD = {"samples": ("attention_layer", "attention_head"),
+          "an attention page": ("num_samples", "use_kv_cache", "compile", "dtype"),
+          "an attention picture": ("num_samples", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                                   "use_kv_cache", "compile", "dtype")}
 
 
 @dataclass
@@ -54,11 +61,12 @@ class SampleConfig:
     use_kv_cache: bool = True  # false: recompute the whole context for every token (slower; the same tokens in fp32)
     compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once, later ~10-25 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
-    attention_layer: int = 0  # the layer drawn large in the attention map
-    attention_head: int = 0  # the head drawn large in the attention map
+    attention_layer: int = 0  # the layer drawn large in the attention map (a page: the one it opens on)
+    attention_head: int = 0  # the head drawn large in the attention map (a page: the one it opens on)
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
+        expand_home(self, "out_dir", "init_from", "attention_map")
         check_init_from(self.init_from, own=("resume",))
         if not 0 <= self.seed < 2**63:  # what torch's generators take, and a --key=value integer can be
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
@@ -79,6 +87,12 @@ class SampleConfig:
             return self.max_new_tokens
         return PAGE_NEW_TOKENS if self.attention_map.lower().endswith(".html") else SAMPLE_NEW_TOKENS
 
+    def unread(self):
+        """What this run makes (a key of UNREAD), and the settings given that it does not read."""
+        made = ("samples" if not self.attention_map else
+                "an attention page" if self.attention_map.lower().endswith(".html") else "an attention picture")
+        return made, [name for name in UNREAD[made] if getattr(self, name) != getattr(type(self)(), name)]
+
     def backend(self):
         """The attention backend to run the model with: --attention, else for an attention map the
         hand-written path, which the map's numbers come from anyway and which runs in float32 (the
@@ -88,6 +102,10 @@ class SampleConfig:
 
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
+    made, unread = cfg.unread()
+    if unread:
+        print(f"note: {', '.join(f'--{name}' for name in unread)} {'is' if len(unread) == 1 else 'are'} not used for "
+              f"{made}", file=sys.stderr)
     try:
         check_stdout()
         device = pick_device(cfg.device)
@@ -163,7 +181,7 @@ def read_prompt(start):
     """The prompt: the text of --start, or of the file that --start=FILE:path names."""
     if not start.startswith("FILE:"):
         return start
-    return read_text_file(start.removeprefix("FILE:"), "--start=FILE:")
+    return read_text_file(os.path.expanduser(start.removeprefix("FILE:")), "--start=FILE:")
 
 
 def check_fits(model, cfg, n_prompt, device, dtype):
@@ -215,9 +233,16 @@ def compile_and_warm_up(model, ids, cfg):
              "sample with --compile=false", status=1)
 
 
+def runtime_overrides(cfg):
+    """The settings of model.RUNTIME_SETTINGS that SampleConfig has a field for and that were given (None:
+    as trained), the attention backend as backend() resolves it: what the model runs with here."""
+    given = {name: getattr(cfg, name, None) for name in RUNTIME_SETTINGS} | {"attention": cfg.backend()}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def load_model(cfg):
     """The model and its tokenizer, from out_dir/ckpt.pt or from GPT-2 weights, checked to fit each other."""
-    overrides = {"attention": cfg.backend()} if cfg.backend() else {}
+    overrides = runtime_overrides(cfg)
     if cfg.init_from != "resume":
         check_not_an_out_dir(cfg.init_from)
         model, tokenizer = GPT.from_pretrained(cfg.init_from, **overrides), GPT2Tokenizer()
@@ -285,7 +310,8 @@ def draw_attention(model, tokenizer, ids, cfg):
     if cfg.attention_map.lower().endswith(".html"):
         text = ids + continuation(model, tokenizer, ids, cfg)
         title = cfg.init_from if cfg.init_from != "resume" else ckpt_path(cfg.out_dir)
-        write_attention_page(model, text, [tokenizer.decode([i]) for i in text], len(ids), cfg.attention_map, title)
+        write_attention_page(model, text, [tokenizer.decode([i]) for i in text], len(ids), cfg.attention_map, title,
+                             cfg.attention_layer, cfg.attention_head)
         print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(text)} tokens "
               f"({len(ids)} of the prompt, {len(text) - len(ids)} written)")
         return
@@ -294,8 +320,7 @@ def draw_attention(model, tokenizer, ids, cfg):
     weights = [w[0] for w in model.attention_weights(torch.tensor([ids], device=device))]  # per layer (nh, T, T)
     plot_attention(weights, [tokenizer.decode([i]) for i in ids], cfg.attention_map, cfg.attention_layer,
                    cfg.attention_head)
-    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens"
-          + (" (a picture shows the prompt alone: --max_new_tokens is for an .html map)" if cfg.max_new_tokens else ""))
+    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
 
 
 def continuation(model, tokenizer, ids, cfg):

@@ -34,9 +34,9 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, saved_ranks,
                         set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import check_at_least, config_from_argv, fail, first_line, under_torchrun
+from configurator import check_at_least, config_from_argv, expand_home, fail, first_line, under_torchrun
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
+from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus, same_folder
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, make_current, memory_bytes,
@@ -81,7 +81,7 @@ class TrainConfig(GPTConfig):
     optimizer: Literal["adamw", "muon"] = "muon"  # muon: Muon for the blocks' matrices, AdamW for the rest
     learning_rate: float = 2e-3  # AdamW's peak rate; muon_lr and min_lr follow the same schedule
     muon_lr: float = 0.02  # Muon's peak rate
-    max_iters: int = 1_000_000  # stop after this many iterations
+    max_iters: int = 1_000_000  # stop after this many iterations (the schedule's end only if max_seconds is 0)
     max_seconds: float = 190.0  # > 0: stop after this much training time (evaluations not counted)
     weight_decay: float = 0.1  # on matrices only
     beta1: float = 0.9  # AdamW's momentum
@@ -120,6 +120,7 @@ class TrainConfig(GPTConfig):
                              f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
                              "or to 0 to decay until max_iters")
         check_threads(self.threads)
+        expand_home(self, "out_dir", "data_dir", "init_from")
         check_init_from(self.init_from, own=self.OWN_STARTS)
         check_model_settings(self)
 
@@ -322,7 +323,7 @@ def load_data(cfg, setup):
     """The prepared token files (the default corpus is prepared by each machine's first process)."""
     missing = not os.path.exists(meta_path(cfg.data_dir))
     try:
-        if os.path.normpath(cfg.data_dir) == SHAKESPEARE_CHAR_DIR and missing and setup.local_rank == 0:
+        if same_folder(cfg.data_dir, SHAKESPEARE_CHAR_DIR) and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             try:
                 prepare_default_corpus(cfg.data_dir)

@@ -10,12 +10,15 @@ import torch
 
 from configurator import first_line, whole_number
 from data.prepare import TOKEN_DTYPE, meta_path, prepare_command, split_path
-from data.tokenizer import tokenizer_from_meta
+from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 
 
 def load_meta(data_dir):
     """The meta dict of a prepared data dir, checked to name a tokenizer this code has and its size."""
     path = meta_path(data_dir)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise ValueError(f"data_dir {data_dir} is a file, not a folder: give the folder that data/prepare.py wrote "
+                         "(its --out_dir), which holds train.bin, val.bin and meta.json")
     if not os.path.isfile(path):
         why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
                os.path.isfile(os.path.join(data_dir, "meta.pkl")) else
@@ -31,6 +34,8 @@ def load_meta(data_dir):
         if not (isinstance(splits, dict) and all(isinstance(r, dict) and all(
                 whole_number(r.get(k)) for k in ("tokens", "largest_id")) for r in splits.values())):
             raise ValueError("its splits are not {name: {tokens, largest_id}} with integer values")
+    except TokenizerUnavailable:  # the install's fault: preparing the data again would fail the same way
+        raise
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
         why = f"it has no {e} field" if isinstance(e, KeyError) else first_line(e)
         raise ValueError(f"{path} is damaged ({why}); prepare the data again with `{prepare_command(data_dir)}`") from None

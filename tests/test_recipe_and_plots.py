@@ -285,8 +285,16 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     assert proc.returncode == 0, proc.stderr
     assert "2 layers x 2 heads over 15 tokens\n" in proc.stdout
     assert_picture(png, (1000, 500))
-    asked = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:", f"--attention_map={png}", "--max_new_tokens=50")
-    assert "over 6 tokens (a picture shows the prompt alone: --max_new_tokens is for an .html map)" in asked.stdout
+    asked = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:", f"--attention_map={png}", "--max_new_tokens=50",
+                   "--num_samples=3", "--compile=true", "--dtype=bfloat16", "--attention_head=1")
+    assert asked.returncode == 0 and "over 6 tokens\n" in asked.stdout, asked.stderr
+    assert asked.stderr == ("note: --num_samples, --max_new_tokens, --compile, --dtype are not used for an attention "
+                            "picture\n")
+    page = launch("sample.py", f"--out_dir={out}", f"--attention_map={tmp_path / 'a.html'}", "--use_kv_cache=false",
+                  "--max_new_tokens=3", "--temperature=0")
+    assert page.returncode == 0 and page.stderr == "note: --use_kv_cache is not used for an attention page\n"
+    samples = launch("sample.py", f"--out_dir={out}", "--attention_layer=1", "--max_new_tokens=3", "--seed=3")
+    assert samples.returncode == 0 and samples.stderr == "note: --attention_layer is not used for samples\n"
     bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
     assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -978,7 +978,8 @@ def test_an_attention_map_that_cannot_be_written_keeps_the_old_one(trained, tmp_
 
     monkeypatch.setattr(files.os, "fsync", cannot)
     with pytest.raises(SystemExit) as stopped:
-        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", attention_map=str(path), max_new_tokens=3))
+        written = {"max_new_tokens": 3} if name.endswith(".html") else {}  # a picture writes none
+        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", attention_map=str(path), **written))
     err = capsys.readouterr().err
     said = (f"error: could not write {path}: No space left on device; the file that was there is kept; free some "
             "space or pick another place\n" if there else

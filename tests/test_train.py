@@ -15,14 +15,15 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields
+from dataclasses import fields, make_dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 
-from checkpoint import OPTIONAL_RESUME_FIELDS, RESUME_FIELDS, RNG_KEYS, model_from_checkpoint
+from checkpoint import OPTIONAL_RESUME_FIELDS, RESUME_FIELDS, RNG_KEYS, model_from_checkpoint, save_checkpoint
 from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
@@ -1469,6 +1470,18 @@ def test_an_iteration_decay_under_a_clock_schedule_is_named_as_unused(tmp_path, 
     assert "note" not in capsys.readouterr().out  # max_seconds=0: the decay ends at lr_decay_iters
 
 
+def test_max_iters_under_a_clock_schedule_says_that_it_only_stops_the_run(tmp_path, data_dir, capsys):
+    """nanoGPT's --max_iters=N, typed here where max_seconds (190 s) drives the decay: a run it stopped ended at
+    the peak rate (or in its warm-up) without a word. The default max_iters, or a run by iterations: no note."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_seconds=60, max_iters=3))
+    assert "note: with max_seconds=60 the learning rate decays by the clock: max_iters=3 only stops the run, " \
+           "before the decay ends if it comes first (--max_seconds=0 decays it by iterations, to max_iters)\n" \
+           in capsys.readouterr().out
+    train.main(tiny_config(data_dir, tmp_path / "b", compile=False, max_iters=3, warmup_iters=1))
+    assert "note" not in capsys.readouterr().out
+
+
 def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data_dir, capsys):
     """--max_seconds=0 --max_iters=60, the README's repeatable run, with the warm-up's 100 iterations: the
     rate only rose, and nothing said so (an lr_decay_iters that ends within the warm-up is refused)."""
@@ -1649,6 +1662,23 @@ def test_vocab_size_pads_the_embedding_and_sampling_takes_it(tmp_path, data_dir,
 NEW_FIELD = '    zero_init: bool = False  # output projections start at zero: every block starts as the identity\n'
 
 
+GREEDY_BY_ROPE_BASE = """
+import json, sys
+import torch
+from data.tokenizer import tokenizer_from_meta
+from files import load_torch_file
+from model import GPT, GPTConfig
+checkpoint, prompt, n = load_torch_file(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+tokenizer, texts = tokenizer_from_meta(checkpoint["tokenizer"]), {}
+for rope_base in (checkpoint["model_config"]["rope_base"], 10000.0):
+    model = GPT(GPTConfig(**{**checkpoint["model_config"], "rope_base": rope_base}))
+    model.load_state_dict(checkpoint["model"])
+    ids = model.eval().generate(torch.tensor([tokenizer.encode(prompt)]), n, temperature=0)[0].tolist()
+    texts[str(rope_base)] = tokenizer.decode(ids)
+print(json.dumps(texts))
+"""
+
+
 def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch):
     """Add `rope_base` to GPTConfig and use it in model.py, nothing else: train.py takes the flag and
     documents it, the checkpoint keeps it, resume insists on it, and sample.py builds the same model."""
@@ -1670,7 +1700,28 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
     assert refused.returncode == 2 and "rope_base=500.0 (now 600.0)" in refused.stderr, refused.stderr
     check_ok(launch(str(repo / "train.py"), *args, "--rope_base=500", "--init_from=resume", "--max_iters=3"))
     assert load(out / "ckpt.pt")["iter_num"] == 3
-    sample = check_ok(launch(str(repo / "sample.py"), f"--out_dir={out}", "--max_new_tokens=5", "--start=All"))
-    assert sample.stdout.startswith("All")
+    # sample.py's greedy text is that of the fork's GPT built from the checkpoint's rope_base=500, not of one
+    # left at 10000: the two differ where attention is sharp (its weights scaled up), so that this can fail
+    checkpoint = load(out / "ckpt.pt")
+    for name in ("c_attn", "c_proj"):
+        checkpoint["model"][f"transformer.h.0.attn.{name}.weight"] *= 20
+    save_checkpoint(checkpoint, out / "ckpt.pt")
+    sample = check_ok(launch(str(repo / "sample.py"), f"--out_dir={out}", "--max_new_tokens=40", "--start=All",
+                             "--temperature=0"))
+    (repo / "greedy.py").write_text(GREEDY_BY_ROPE_BASE)
+    by_base = json.loads(check_ok(launch(str(repo / "greedy.py"), str(out / "ckpt.pt"), "All", "40")).stdout)
+    assert sample.stdout.split(SEPARATOR)[0] == by_base["500.0"] != by_base["10000.0"], (sample.stdout, by_base)
     helped = check_ok(launch(str(repo / "train.py"), "--help")).stdout
     assert re.search(r"--rope_base=10000.0 +rotary angles", helped), helped
+
+
+def test_sample_py_runs_the_model_with_every_runtime_setting_its_config_has():
+    """README: a runtime setting of your own (model.RUNTIME_SETTINGS) is a field in SampleConfig for sample.py
+    to take it; dropout stands in for one here. None: as trained."""
+    import sample
+    with_dropout = make_dataclass("WithDropout", [("dropout", Optional[float], None)],
+                                              bases=(sample.SampleConfig,))
+    assert sample.runtime_overrides(with_dropout(dropout=0.25, attention="sdpa")) == {"dropout": 0.25,
+                                                                                       "attention": "sdpa"}
+    assert sample.runtime_overrides(with_dropout()) == {}
+    assert sample.runtime_overrides(with_dropout(attention_map="a.png")) == {"attention": "manual"}
