@@ -63,6 +63,11 @@ def whole_number(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+# what a value of each plain type must be, for check_types (a bool is an int to Python, not to a user)
+TYPE_CHECKS = {int: whole_number, bool: lambda v: isinstance(v, bool),
+               float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def check_at_least(config, minimum, *names, meaning=""):
     """The range check every config's __post_init__ shares: each named setting is at least `minimum`
     (None, an optional setting left unset, passes). `meaning` says what the boundary value does, e.g.
@@ -71,6 +76,16 @@ def check_at_least(config, minimum, *names, meaning=""):
         value = getattr(config, name)
         if value is not None and value < minimum:
             raise ValueError(f"{name} must be at least {minimum}{f' ({meaning})' if meaning else ''}, got {value}")
+
+
+def check_types(config):
+    """ValueError naming the first setting whose value is not of its declared type (int: a whole number,
+    not a bool; float: a number; bool: True or False): for a config built in Python, which the parsing
+    of --key=value and TOML (convert) never sees. Other types are checked where they are used."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type in TYPE_CHECKS and not TYPE_CHECKS[f.type](value):
+            raise ValueError(f"{f.name} must be {type_name(f.type)}, got {value!r}")
 
 
 def expand_home(config, *names):

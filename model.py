@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, dropout
-from configurator import check_at_least, first_line, whole_number
+from configurator import check_at_least, check_types, first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
 from files import load_torch_file
 
@@ -48,6 +48,7 @@ class GPTConfig:
     mlp_ratio: int = 4  # the MLP's hidden width, in multiples of n_embd (GPT-2's is 4)
 
     def __post_init__(self):
+        check_types(self)  # GPTConfig(bias="no") would be a model with biases; n_embd=32.0 a TypeError deep in torch
         check_at_least(self, 1, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
         fits = head_counts(self.n_embd, rope=self.pos_embedding == "rope")
         can = (f"n_head can be one of {', '.join(map(str, fits))}" if fits else
@@ -158,7 +159,8 @@ class GPT(nn.Module):
         if not (whole_number(block_size) and block_size > 0):
             raise ValueError(f"block_size must be a positive whole number, got {block_size}")
         if block_size > self.config.block_size:
-            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size}")
+            raise ValueError(f"block_size={block_size} is larger than the model's {self.config.block_size} (its "
+                             f"weights' positions): use a block_size of at most {self.config.block_size}")
         self.config.block_size = block_size
         if "wpe" in self.transformer:  # a copy of the rows kept: a view would keep (and save) the whole table
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
@@ -327,9 +329,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     logits = logits.float()
     # subtract the largest first: divided by a tiny temperature, the others go to -inf, never inf - inf
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k).values[:, [-1]]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_k is not None and top_k < logits.size(-1):  # k tokens exactly, also where some tie with the k-th
+        kept = torch.topk(logits, top_k)
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, kept.indices, kept.values)
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(dim=-1)
@@ -433,14 +435,25 @@ def hf_config(directory):
 
 
 def check_hf_shape(sd_hf, config, directory):
-    """ValueError unless config.json's number of blocks, width and vocabulary are its weights', and
-    a head the weights hold is their token embedding (GPT-2 ties them)."""
+    """ValueError unless config.json's number of blocks, width, vocabulary, context and MLP width are
+    its weights', and a head the weights hold is their token embedding (GPT-2 ties them)."""
     key_parts = [k.split(".") for k in sd_hf]  # (transformer.)h.<block>.ln_1.weight, ...
     blocks = {parts[parts.index("h") + 1] for parts in key_parts if "h" in parts[:-1]}
-    wte = next((sd_hf[k] for k in HF_WTE_KEYS if k in sd_hf), None)
-    found = {"n_layer": len(blocks), **({"vocab_size": wte.shape[0], "n_embd": wte.shape[1]}
-                                          if isinstance(wte, torch.Tensor) and wte.dim() == 2 else {})}
-    wrong = [f"{k}={getattr(config, k)}, the weights {v}" for k, v in found.items() if getattr(config, k) != v]
+
+    def weight(name):  # GPT2LMHeadModel saves "transformer.<name>", GPT2Model "<name>"
+        return next((sd_hf[key] for key in (f"transformer.{name}", name) if key in sd_hf), None)
+
+    wte, wpe, c_fc = weight("wte.weight"), weight("wpe.weight"), weight("h.0.mlp.c_fc.weight")
+    found = {"n_layer": len(blocks)}
+    if isinstance(wte, torch.Tensor) and wte.dim() == 2:
+        found.update(vocab_size=wte.shape[0], n_embd=wte.shape[1])
+        if isinstance(c_fc, torch.Tensor) and c_fc.dim() == 2 and c_fc.shape[1] % wte.shape[1] == 0:
+            found["mlp_ratio"] = c_fc.shape[1] // wte.shape[1]  # Conv1D: (n_embd, n_inner)
+    if isinstance(wpe, torch.Tensor) and wpe.dim() == 2:
+        found["block_size"] = wpe.shape[0]  # config.json's n_positions
+    said = {"block_size": "n_positions", "mlp_ratio": "n_inner / n_embd"}  # config.json's names for ours
+    wrong = [f"{said.get(k, k)}={getattr(config, k)}, the weights {v}" for k, v in found.items()
+             if getattr(config, k) != v]
     if wrong:
         raise ValueError(f"{directory}/config.json does not describe its weights ({'; '.join(wrong)}); download the "
                          "model again")

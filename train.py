@@ -788,6 +788,12 @@ def save(state, cfg, data, setup, reason, final=False):
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
     torch_states = gather(torch_rng_state(setup.device_type))  # each rank's dropout generators
     path, problem = ckpt_path(cfg.out_dir), None
+    # a step can blow the weights up while its loss was still finite: such weights never replace a checkpoint
+    broken = next((k for k, t in model_state.items() if not torch.isfinite(t).all()), None) if setup.master else None
+    kept = f", {path} is kept" if has_checkpoint(cfg, state) else ""
+    fail_together(None if broken is None else f"the weights are not finite (NaN or inf, in {broken}) at iteration "
+                  f"{state.iter_num}, though every loss logged was: not saved{kept}; lower --learning_rate (and "
+                  "--muon_lr)", status=1, rank_0_checks=True)
     if setup.master:
         checkpoint = {"model": model_state, "optimizer": optimizer_state, "scaler": state.scaler.state_dict(),
                       "model_config": asdict(state.model.config), "config": asdict(cfg), "tokenizer": data.meta,

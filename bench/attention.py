@@ -340,6 +340,10 @@ def main(cfg):
           f"median of {cfg.repeats} interleaved rounds | peak memory: {memory}")
     warm_up_autograd(device, getattr(torch, cfg.dtype))
     results = sweep(cfg, device, backends, seq_lens)
+    # before the JSON: a run that measured nothing would overwrite a kept result with nothing
+    if not any(rec.get("time") for by_t in results.values() for rec in by_t.values()):
+        why = "; ".join(f"{b}: {next(iter(by_t.values())).get('message', 'failed')}" for b, by_t in results.items())
+        fail(f"no backend could run here ({why}); nothing was measured or written", status=1)
     report(cfg, device, info, backends, seq_lens, results, out)
 
 

@@ -3,7 +3,8 @@
 # seconds (default 540):
 #
 #   bash bench/gpu.sh [RESULTS_DIR]                     # default bench/results/gpu
-#   GPU_SH_DRY_RUN=1 bash bench/gpu.sh /tmp/gpu-dry     # the same steps at toy sizes on the CPU, to test this script
+#   GPU_SH_DRY_RUN=1 bash bench/gpu.sh [RESULTS_DIR]    # the same steps at toy sizes on the CPU, to test this script
+#                                                       # (default: a new temporary folder, never bench/results/gpu)
 #
 # A GPU machine without network: its image may lack the pure-Python requirements. Download them
 # where pip works, carry the folder along, and point WHEELS at it:
@@ -26,13 +27,17 @@
 # sample-cuda.json.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-RES="${1:-bench/results/gpu}"
+DRY="${GPU_SH_DRY_RUN:-0}"
+if [ "$DRY" = 1 ]; then  # toy numbers never land beside the kept GPU results
+  RES="${1:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-dry.XXXXXX")}"
+else
+  RES="${1:-bench/results/gpu}"
+fi
 mkdir -p "$RES" || exit 1
 LOG="$RES/gpu.log"
 : > "$LOG"
 exec > >(tee -a "$LOG") 2>&1
 export PYTHONUNBUFFERED=1
-DRY="${GPU_SH_DRY_RUN:-0}"
 PY="${PYTHON:-$(command -v python3 || command -v python)}"
 BUDGET="${GPU_SH_BUDGET:-540}"
 SUMMARY=""

@@ -53,7 +53,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
 from checkpoint import ckpt_path, load_checkpoint
 from configurator import ConfigError, check_at_least, load_config
 from data.loader import Batches, open_split
-from hardware import check_threads, separate_cores, usable_cpus
+from hardware import check_threads, pick_device, separate_cores, usable_cpus
 from train import TrainConfig
 
 
@@ -206,9 +206,17 @@ def check_configs(cfg):
     too_small = [name for name, t in settings.items() if t.block_size < cfg.eval_block_size]
     if too_small:
         fail(f"eval_block_size={cfg.eval_block_size} exceeds the block_size of {', '.join(too_small)}")
+    for name, t in settings.items():  # a device this machine lacks: every run would fail after starting
+        try:
+            pick_device(t.device)
+        except ValueError as e:
+            fail(f"{'the default config' if name == 'default' else name}: {e}")
     if cfg.base_repo:
         if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
             fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")
+        if os.path.samefile(cfg.base_repo, ROOT):
+            fail(f"base_repo={cfg.base_repo!r} is this checkout: the base is another one, e.g. `git worktree add "
+                 "/tmp/base HEAD~1`")
         configs = [(os.path.abspath(cfg.base_repo), c) for c in configs] + configs  # base first: label order
     return configs
 
@@ -391,6 +399,11 @@ def main(cfg):
         os.makedirs(work, exist_ok=True)
     except OSError as e:
         fail(f"work_dir={work!r} cannot be made ({e.strerror}); pick another path")
+    runs_here = [f"{label(c)}-seed{seed}" for c in configs for seed in seeds]
+    earlier = [name for name in runs_here if os.path.exists(os.path.join(work, name))]
+    if earlier:  # train.py would refuse their checkpoints only after their logs were written over
+        fail(f"work_dir={work!r} holds runs of an earlier recipe ({', '.join(earlier[:3])}"
+             f"{', ...' if len(earlier) > 3 else ''}); give another --work_dir, or remove those folders")
     info = machine_info(device)
     if cfg.threads:  # the runs', not this process's
         info["torch_threads"] = cfg.threads

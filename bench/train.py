@@ -88,7 +88,7 @@ class TrainBench:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     warmup: int = 3  # untimed steps per variant, after compilation
     repeats: int = 10  # interleaved timed rounds; the median is reported
-    steps_per_sample: int = 1  # optimizer steps per timing sample
+    steps_per_sample: int = 1  # optimizer steps per timing sample (with --loop: as many as the loop's)
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
     loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
@@ -100,6 +100,9 @@ class TrainBench:
         check_at_least(self, 0, "loop", "profile", "warmup")
         check_at_least(self, 1, "grad_accum", "repeats", "steps_per_sample")
         check_at_least(self, 0, "vocab_size", meaning="0: the config's")
+        if self.loop and self.steps_per_sample != 1:
+            raise ValueError(f"loop={self.loop} times the steps alone over as many iterations as the loop: "
+                             f"steps_per_sample={self.steps_per_sample} would not be used; give one of the two")
         TrainConfig(seed=self.seed)  # train.py's own check of a seed (ValueError)
 
 
@@ -311,7 +314,14 @@ def time_variants(cfg, variants, device, tokens_per_step):
         flops = rec["flops_per_token"] * rec["tokens_per_s"]
         if rec["peak_flops"] and flops > rec["peak_flops"]:  # the probe was low: it is raised, MFU stays <= 100%
             rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, reached=flops)[0]
-        rec["mfu"] = flops / rec["peak_flops"] if rec["peak_flops"] else None
+    peaks = {}  # one peak per dtype in a table: a variant that raised it raised it for the others too
+    for v, rec in variants:
+        if rec["status"] == "ok" and rec["peak_flops"]:
+            peaks[v.dtype] = max(peaks.get(v.dtype, 0), rec["peak_flops"])
+    for v, rec in variants:
+        if rec["status"] == "ok":
+            rec["peak_flops"] = peaks.get(v.dtype)
+            rec["mfu"] = rec["flops_per_token"] * rec["tokens_per_s"] / rec["peak_flops"] if rec["peak_flops"] else None
 
 
 # a step's phases by their profiler labels (train_step's own, and those torch.optim gives every step)

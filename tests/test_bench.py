@@ -24,6 +24,28 @@ def run_bench(launch, script, out, *args):
         return json.load(f)
 
 
+def test_every_variant_of_a_dtype_is_scored_against_one_peak(monkeypatch):
+    """A variant faster than the cached matmul peak raises it (MFU stays <= 100 %); the table's other variants
+    of that dtype, before it and after, are then scored against the raised peak too, so that their MFUs compare
+    as their tokens/s do."""
+    import bench.train as bench_train
+
+    class Steps:  # a variant whose step takes `seconds`
+        def __init__(self, seconds):
+            self.seconds, self.dtype = seconds, torch.float32
+
+        def step(self):
+            time.sleep(self.seconds)
+
+    monkeypatch.setattr(bench_train, "peak_flops", lambda device_type, dtype, reached: (reached, "raised"))
+    recs = [{"status": "ok", "flops_per_token": 1e6, "peak_flops": 1e6 * 1000 / 0.03} for _ in range(3)]
+    cfg = bench_train.TrainBench(repeats=3, loop=0, steps_per_sample=1)
+    bench_train.time_variants(cfg, list(zip([Steps(0.04), Steps(0.01), Steps(0.04)], recs)), "cpu", 1000)
+    assert recs[0]["peak_flops"] == recs[1]["peak_flops"] == recs[2]["peak_flops"] > 1e6 * 1000 / 0.03
+    assert recs[1]["mfu"] == 1.0 and all(r["mfu"] / recs[1]["mfu"] == pytest.approx(
+        r["tokens_per_s"] / recs[1]["tokens_per_s"]) for r in recs)
+
+
 def test_a_failure_in_a_result_is_one_line_that_never_repeats_its_type():
     """Inductor's bare asserts say nothing: a result's message read "AssertionError: AssertionError"."""
     from bench.benchutil import failure
@@ -65,6 +87,31 @@ def test_attention_bench_times_every_backend(launch, tmp_path):
         assert set(by_t) == {"32", "64"}, backend
         for t, point in by_t.items():
             assert point["status"] == "ok" and point["time"]["median"] > 0, (backend, t)
+
+
+def test_a_dry_run_of_gpu_sh_leaves_the_kept_gpu_results_alone(tmp_path):
+    """GPU_SH_DRY_RUN=1 (toy sizes on a CPU) wrote its log and toy numbers over bench/results/gpu/'s, the GPU's
+    own: without a folder given it now writes into a new temporary one. A copy of the script runs here, with a
+    budget too short for any step."""
+    (tmp_path / "bench" / "results" / "gpu").mkdir(parents=True)
+    shutil.copy(Path(ROOT, "bench", "gpu.sh"), tmp_path / "bench")
+    (tmp_path / "bench" / "results" / "gpu" / "gpu.log").write_text("the GPU's log")
+    proc = subprocess.run(["bash", str(tmp_path / "bench" / "gpu.sh")], capture_output=True, text=True, timeout=60,
+                          env={**ENV, "TMPDIR": str(tmp_path), "GPU_SH_BUDGET": "1", "GPU_SH_DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "bench" / "results" / "gpu" / "gpu.log").read_text() == "the GPU's log"
+    assert [p.name for p in tmp_path.glob("gpu-dry.*/gpu.log")] == ["gpu.log"]
+
+
+def test_attention_bench_that_measures_nothing_writes_nothing(launch, tmp_path):
+    """Every backend unsupported here (fa2 on a CPU): one line, exit 1, and a kept result is not replaced."""
+    kept = tmp_path / "a.json"
+    kept.write_text("a kept result")
+    proc = launch("bench/attention.py", "--backends=fa2", "--device=cpu", "--seq_lens=32", "--n_embd=32",
+                  "--n_head=2", "--repeats=1", f"--out={kept}")
+    assert proc.returncode == 1 and re.search(r"^error: no backend could run here \(fa2: unsupported: .*\); nothing "
+                                              r"was measured or written$", proc.stderr, re.M), proc.stderr
+    assert kept.read_text() == "a kept result"
 
 
 def test_attention_bench_measures_the_peak_memory_of_one_call(launch):
@@ -118,6 +165,16 @@ def test_train_bench_runs_each_variant(launch, tmp_path, variants, names):
         assert ("optimizer Muon" in phases) == (row["optimizer"] == "muon")
         assert sum(phases.values()) <= row["profile"]["step_ms"] * 1.05, row["profile"]
         assert row["profile"]["page_faults_per_step"] >= 0 and row["profile"]["kernel_cpu_ms_per_step"] >= 0
+
+
+def test_train_bench_refuses_steps_per_sample_that_loop_would_replace():
+    """--loop times the steps alone over as many iterations as the loop: a --steps_per_sample beside it was
+    dropped without a word."""
+    from bench.train import TrainBench
+    with pytest.raises(ValueError, match=r"^loop=2 times the steps alone over as many iterations as the loop: "
+                                         r"steps_per_sample=7 would not be used; give one of the two$"):
+        TrainBench(loop=2, steps_per_sample=7)
+    assert TrainBench(loop=2).steps_per_sample == 1 and TrainBench(steps_per_sample=7).loop == 0
 
 
 def test_train_bench_compares_with_the_first_variant_that_ran_and_refuses_a_run_where_none_could(launch, tmp_path):
@@ -547,6 +604,12 @@ def test_recipe_bench_checks_the_settings_each_run_will_get(tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         check_configs(RecipeBench(configs=str(decay), iterations=3))
     assert "lr_decay_iters=50 would end the decay before warm-up ends" in capsys.readouterr().err
+    for bad, says in ((dict(train_args="--device=cuda:99"), "the default config: "),  # no such device: not one run
+                      (dict(base_repo=ROOT), "is this checkout: the base is another one")):
+        with pytest.raises(SystemExit):
+            check_configs(RecipeBench(configs="default", **bad))
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
     monkeypatch.chdir(tmp_path)  # data/ is a directory in the repository root, not here
     assert check_configs(RecipeBench(configs="default", train_args="--init_from=data")) == ["default"]
 
@@ -564,6 +627,11 @@ def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_p
     assert [r["returncode"] for r in runs] == [0], runs
     assert re.search(r"^train: tiny seed 1 -> \S+ \.\.\. ok \([\d.]+ s\)$", proc.stdout, re.M), proc.stdout  # one line each
     assert (tmp_path / "work").is_dir() and not Path(ROOT, "work").exists()
+    log = (tmp_path / "work" / "tiny-seed1" / "train.log").read_text()
+    again = subprocess.run(proc.args, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and again.stderr.endswith("holds runs of an earlier recipe (tiny-seed1); give another "
+                                                           "--work_dir, or remove those folders\n"), again.stderr
+    assert (tmp_path / "work" / "tiny-seed1" / "train.log").read_text() == log  # the earlier run's log is kept
 
 
 def test_top_ops_names_compiled_kernels_by_the_ops_they_fuse():

@@ -3,6 +3,7 @@ of every layer, KV-cache generation, parity with Hugging Face's GPT-2, training,
 configuration. Every model-level property runs on every backend that runs on CPU, in fp32."""
 import json
 import math
+import re
 import shutil
 import time
 import zlib
@@ -351,7 +352,8 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
             model(rand_tokens(B, 9))
         cached = model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=True)
         assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
-    with pytest.raises(ValueError, match="block_size=9 is larger than the model's 8"):
+    with pytest.raises(ValueError, match=r"^block_size=9 is larger than the model's 8 \(its weights' positions\): use a "
+                                         r"block_size of at most 8$"):
         model.crop_block_size(9)
     for size in (0, -3, 2.5, True):  # a negative size had cut wpe to its first rows but 3, and the model took it
         with pytest.raises(ValueError, match=rf"block_size must be a positive whole number, got {size}"):
@@ -543,7 +545,8 @@ def test_from_pretrained_names_a_missing_config_field(hf_gpt2, tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("activation_function", "relu"), ("layer_norm_epsilon", 1e-2),
-                                          ("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True)])
+                                          ("tie_word_embeddings", False), ("scale_attn_by_inverse_layer_idx", True),
+                                          ("scale_attn_weights", False)])
 def test_from_pretrained_refuses_a_config_beyond_gpt2s_architecture(hf_gpt2, tmp_path, field, value):
     """transformers' GPT-2 class runs these variants; loaded as GPT-2 they would give other logits."""
     directory, *_ = hf_gpt2
@@ -593,7 +596,9 @@ def test_from_pretrained_runs_the_mlp_width_that_config_json_names(tmp_path):
     ("n_embd", 64, r"does not describe its weights \(n_embd=64, the weights 32\)"),  # 32-wide tensors
     # checked before the model is built: a hundred thousand blocks would take minutes and all memory
     ("n_layer", 100_000, r"does not describe its weights \(n_layer=100000, the weights 2\)"),
-    ("n_positions", 32, r"transformer.wpe.weight has shape \(64, 32\), expected \(32, 32\)"),
+    ("n_positions", 32, r"does not describe its weights \(n_positions=32, the weights 64\)"),
+    ("n_positions", 10**9, r"does not describe its weights \(n_positions=1000000000, the weights 64\)"),
+    ("n_inner", 32 * 10**7, r"does not describe its weights \(n_inner / n_embd=10000000, the weights 4\)"),
     ("n_head", 3, r"config.json is damaged \(n_embd=32 must be divisible by n_head=3"),
 ])
 def test_from_pretrained_rejects_a_config_that_does_not_fit_its_weights(hf_gpt2, tmp_path, key, value, says):
@@ -764,11 +769,40 @@ def test_sample_next_temperature_zero_is_greedy():
         assert torch.equal(sample_next(logits, temperature=tiny), logits.argmax(-1, keepdim=True)), tiny
 
 
+@pytest.mark.parametrize("setting, value", [("bias", "no"), ("qk_norm", "yes"), ("n_head", True), ("mlp_ratio", 2.5),
+                                            ("vocab_size", 10.5), ("n_embd", 32.0), ("dropout", "0.1")])
+def test_gptconfig_refuses_a_value_of_the_wrong_type(setting, value):
+    """Built in Python (train.py's flags are parsed by type already): bias="no" ran as a model with biases, and
+    mlp_ratio=2.5 was a TypeError deep inside torch."""
+    with pytest.raises(ValueError, match=rf"^{setting} must be (int|bool|float), got {re.escape(repr(value))}$"):
+        GPTConfig(**{"n_embd": 32, "n_head": 2, setting: value})
+    assert GPTConfig(n_embd=32, n_head=2, dropout=0).dropout == 0  # an int is a float
+
+
+def test_num_params_and_flops_per_token_count_what_the_model_computes():
+    """The parameter count (without the position table by default) and the 6N + 12·L·C·T rule that MFU and
+    bench/train.py's tokens-per-FLOP rest on, worked out here from the shapes."""
+    L, H, C, T, V, R = 2, 2, 32, 16, 50, 3
+    for positions in ("learned", "rope"):
+        model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=H, n_embd=C, mlp_ratio=R, bias=False,
+                              norm="rmsnorm", pos_embedding=positions))
+        matrices = L * (4 + 2 * R) * C * C + V * C  # attention's four, the MLP's two, the tied embedding
+        gains = (2 * L + 1) * C  # RMSNorm's: before attention, before the MLP, before the head
+        table = T * C if positions == "learned" else 0
+        assert (model.num_params(non_embedding=False), model.num_params()) == (matrices + gains + table,
+                                                                               matrices + gains), positions
+        # 2 FLOPs a weight forward and 4 backward; q·kᵀ and weights·v, 2·T·C each a layer forward, 3x with backward
+        assert model.flops_per_token() == 6 * (matrices + gains) + 3 * L * 2 * (2 * T * C), positions
+
+
 def test_sample_next_top_k_one_is_greedy():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
     for _ in range(20):
         assert torch.equal(sample_next(logits, 1.0, top_k=1, generator=g), logits.argmax(-1, keepdim=True))
+    tied = torch.tensor([[1.0, 1.0, 0.0, 1.0]])  # bf16 logits tie often: still one token for top_k=1, two for 2
+    assert len({int(sample_next(tied, 1.0, top_k=1, generator=g)) for _ in range(50)}) == 1
+    assert len({int(sample_next(tied, 1.0, top_k=2, generator=g)) for _ in range(100)}) == 2
 
 
 def test_sample_next_small_top_p_keeps_only_the_argmax():

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, make_dataclass
+from dataclasses import fields, make_dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -264,6 +264,38 @@ def test_a_stop_is_named_by_its_first_signal(tmp_path, data_dir, monkeypatch, ca
         train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=5, eval_interval=100))
     assert stopped.value.code == 128 + signal.SIGINT
     assert "(stopped by SIGINT after iteration 2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stop", ["evaluation", "Ctrl-C"])
+def test_weights_blown_up_by_a_step_whose_loss_was_finite_never_replace_the_checkpoint(tmp_path, data_dir, monkeypatch,
+                                                                                       capsys, stop):
+    """The step before an evaluation (or a stop) can make the weights NaN while its own loss was finite: the save
+    then wrote them over the last good checkpoint, and the error that followed called that file the last good
+    one. Now the save refuses, in one line, and the checkpoint stays as it was."""
+    import signal
+    import train
+    cfg = tiny_config(data_dir, tmp_path, compile=False, max_iters=4, eval_interval=2)
+    train.main(cfg)
+    good = (tmp_path / "ckpt.pt").read_bytes()
+    real = train.train_step
+
+    def step(state, *args):
+        loss = real(state, *args)
+        if state.iter_num + 1 == 6:  # the step to iteration 6, before its evaluation
+            with torch.no_grad():
+                next(state.model.parameters()).fill_(float("nan"))
+            if stop == "Ctrl-C":
+                os.kill(os.getpid(), signal.SIGINT)
+        return loss
+    monkeypatch.setattr(train, "train_step", step)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as failed:
+        train.main(replace(cfg, init_from="resume", max_iters=8, eval_interval=6 if stop == "evaluation" else 100))
+    err = capsys.readouterr().err
+    assert failed.value.code == 1 and err.count("\n") == 1 and err.startswith(
+        "error: the weights are not finite (NaN or inf, in transformer.wte.weight) at iteration 6, though every loss "
+        f"logged was: not saved, {tmp_path / 'ckpt.pt'} is kept"), err
+    assert (tmp_path / "ckpt.pt").read_bytes() == good
 
 
 def test_a_stop_asked_for_during_an_evaluation_stops_at_it(tmp_path, data_dir, monkeypatch, capsys):
