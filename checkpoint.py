@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from configurator import first_line, whole_number
-from data.prepare import same_folder
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
-from files import NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, writable_directory
+from files import (NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, same_folder,
+                   writable_directory)
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters
 

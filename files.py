@@ -144,6 +144,11 @@ def check_text_file(path, flag, instead="a text file in it"):
         raise ValueError(f"{flag}{path}: no such file; check the path (a relative one starts in {os.getcwd()})")
 
 
+def same_folder(path, other):
+    """Whether two spellings name one folder (data/x, ./data/x, /abs/path/data/x), relative ones from here."""
+    return os.path.abspath(path) == os.path.abspath(other)
+
+
 def read_text_file(path, flag):
     """The text of the UTF-8 file that the user gave with flag (see check_text_file); a ValueError that
     names flag and says what to give instead where it cannot be read."""

@@ -36,12 +36,12 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resu
                         set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import check_at_least, config_from_argv, expand_home, fail, first_line, under_torchrun
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus, same_folder
+from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, make_current, memory_bytes,
                       pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
-from files import OutputThatMayClose, check_stdout
+from files import OutputThatMayClose, check_stdout, same_folder
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, configure_optimizers, lr_multiplier, schedule_note, set_lr

@@ -45,7 +45,7 @@ from configurator import config_from_argv, expand_home, fail, first_line  # noqa
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
-                   clear_stale_temporaries, read_text_file, temporary_path, writable_directory)
+                   clear_stale_temporaries, read_text_file, same_folder, temporary_path, writable_directory)
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use
@@ -67,11 +67,6 @@ SHAKESPEARE_DIRS = {("char", "all"): SHAKESPEARE_CHAR_DIR, ("char", "tiny"): "da
 
 # The Hugging Face datasets that configs/ train on, by the data_dir they read (configs/gpt2_124m.toml)
 HUB_DATA_DIRS = {"data/openwebtext": "Skylion007/openwebtext"}
-
-
-def same_folder(path, other):
-    """Whether two spellings name one folder (data/x, ./data/x, /abs/path/data/x), relative ones from here."""
-    return os.path.abspath(path) == os.path.abspath(other)
 
 
 def prepare_command(data_dir):
