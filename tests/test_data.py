@@ -834,7 +834,7 @@ def test_a_home_folder_path_means_the_home_folder(tmp_path, run_main, monkeypatc
     assert read_prompt("FILE:~/a.txt") == "text in the home folder, long enough to split"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stopped_preparation_leaves_nothing_behind(tmp_path, run_main, monkeypatch, signum):
     """Ctrl-C, or SIGTERM (`timeout`, `docker stop`) while the token files are written: one line, exit 128 +
     the signal, and neither the folder the run made nor its staged files are left."""
@@ -847,7 +847,12 @@ def test_a_stopped_preparation_leaves_nothing_behind(tmp_path, run_main, monkeyp
             os.kill(os.getpid(), signum)
 
     monkeypatch.setattr(data.prepare, "_write_tokens", stopped_after_train_bin)
-    status, _, err = run_main("--input=a.txt", "--out_dir=out/new", "--tokenizer=char", cwd=tmp_path)
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite started as a shell's background job ignores SIGINT
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        status, _, err = run_main("--input=a.txt", "--out_dir=out/new", "--tokenizer=char", cwd=tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert_one_error_line(status, err, f"stopped by {signum.name}; the data dir was left as it was", 128 + signum)
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
