@@ -432,12 +432,13 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
                              f"--work_dir={tmp_path / 'runs'}", f"--out={tmp_path / 'r.json'}"], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     log = tmp_path / "runs" / "default-seed1" / "train.log"
+    training = re.compile(r"^iter \d+:", re.M)  # a log line of training ("tokens/iter | " heads the run before it)
     for _ in range(1200):  # until the first run trains
-        if log.exists() and "iter " in log.read_text():
+        if log.exists() and training.search(log.read_text()):
             break
         time.sleep(0.1)
     try:
-        assert log.exists() and "iter " in log.read_text(), "the first run did not start training within 120 s"
+        assert log.exists() and training.search(log.read_text()), "the first run did not start training within 120 s"
         if to == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
