@@ -91,7 +91,8 @@ class SampleConfig:
         """What this run makes (a key of UNREAD), and the settings given that it does not read."""
         made = ("samples" if not self.attention_map else
                 "an attention page" if self.attention_map.lower().endswith(".html") else "an attention picture")
-        return made, [name for name in UNREAD[made] if getattr(self, name) != getattr(type(self)(), name)]
+        defaults = type(self)()
+        return made, [name for name in UNREAD[made] if getattr(self, name) != getattr(defaults, name)]
 
     def backend(self):
         """The attention backend to run the model with: --attention, else for an attention map the

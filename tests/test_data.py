@@ -738,7 +738,8 @@ def datasets_cache(tmp_path, monkeypatch):
                                 "found in footer."),
     (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
     ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
-         "no_val_split", "val_split_is_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
+         "no_val_split", "val_split_is_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet",
+         "a_pipe"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line, and nothing before it on stderr that is not a terminal
     (datasets' progress bars were); a dataset that datasets cannot read too (its errors, pyarrow's, and the
@@ -795,7 +796,8 @@ def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_ma
     (docs / "validation.jsonl").write_text("".join(json.dumps({"text": f"valid text {i}. "}) + "\n" for i in range(9)))
     decoded = {}
     for source in ("docs", "docs/*.jsonl", f"{docs}/*.jsonl"):
-        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out{len(decoded)}", cwd=tmp_path)
+        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out{len(decoded)}",
+                                  cwd=tmp_path)
         assert status == 0, err
         tok = tokenizer_from_meta(load_meta(str(tmp_path / f"out{len(decoded)}")))
         decoded[source] = [tok.decode(open_split(str(tmp_path / f"out{len(decoded)}"), s).tolist()) for s in SPLITS]

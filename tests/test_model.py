@@ -352,8 +352,8 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
             model(rand_tokens(B, 9))
         cached = model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=True)
         assert torch.equal(cached, model.generate(idx[:, :3], 12, temperature=0, use_kv_cache=False))
-    with pytest.raises(ValueError, match=r"^block_size=9 is larger than the model's 8 \(its weights' positions\): use a "
-                                         r"block_size of at most 8$"):
+    with pytest.raises(ValueError, match=r"^block_size=9 is larger than the model's 8 \(its weights' positions\): "
+                                         r"use a block_size of at most 8$"):
         model.crop_block_size(9)
     for size in (0, -3, 2.5, True):  # a negative size had cut wpe to its first rows but 3, and the model took it
         with pytest.raises(ValueError, match=rf"block_size must be a positive whole number, got {size}"):
@@ -791,7 +791,8 @@ def test_num_params_and_flops_per_token_count_what_the_model_computes():
         table = T * C if positions == "learned" else 0
         assert (model.num_params(non_embedding=False), model.num_params()) == (matrices + gains + table,
                                                                                matrices + gains), positions
-        # 2 FLOPs a weight forward and 4 backward; q·kᵀ and weights·v, 2·T·C each a layer forward, 3x with backward
+        # 2 FLOPs a weight forward and 4 backward; q·kᵀ and weights·v, 2·T·C each a layer forward, 3x with
+        # backward
         assert model.flops_per_token() == 6 * (matrices + gains) + 3 * L * 2 * (2 * T * C), positions
 
 
