@@ -49,6 +49,10 @@ NEUTRAL_SETTINGS = ("out_dir", "init_from", "overwrite", "eval_only", "eval_inte
                     "wandb_log", "wandb_project", "wandb_run_name", "device", "threads", "compile", "attention",
                     "parallelism", "seed")
 
+# of the settings a resumed run may change, those that change what an evaluation of the same weights gives
+# (--eval_only, which trains nothing): the batches' shape and the arithmetic's precision
+EVALUATION_SETTINGS = ("batch_size", "dtype")
+
 
 OUT_DIR = "out"  # train.py's out_dir, and so where sample.py looks, unless told otherwise
 
@@ -135,11 +139,12 @@ def model_from_checkpoint(checkpoint, path, **overrides):
 
 def check_resumable(checkpoint, path, cfg, meta, splits=None):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
-    trained on tokens of the same tokenizer as the data's (meta, its meta.json). It is compared with
-    the first run's settings, not the model's: with init_from=gpt2 the weights decided the shape, and
-    the same command line must resume. Returns a note naming every other setting that changed since,
-    but NEUTRAL_SETTINGS, and token files that changed (splits: meta.json's record of them), for
-    train.py to print once every check has passed ("" if nothing did)."""
+    trained on tokens of the same tokenizer as the data's (meta, its meta.json). A model setting may be
+    the first run's or the model's: with init_from=gpt2 the weights decided the shape, so the same command
+    line resumes, and so does one that gives the weights' own shape. Returns a note naming every other
+    setting that changed since, but NEUTRAL_SETTINGS (with eval_only, the EVALUATION_SETTINGS), and token
+    files that changed (splits: meta.json's record of them), for train.py to print once every check has
+    passed ("" if nothing did)."""
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
@@ -147,7 +152,9 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
                          f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
-    differ = [f"{k}={v} (now {getattr(cfg, k)})" for k, v in before.items() if v != getattr(cfg, k)]
+    model = checkpoint["model_config"]
+    differ = [f"{k}={model.get(k, v)} (now {getattr(cfg, k)})" for k, v in before.items()  # the weights' own value
+              if v != getattr(cfg, k) and model.get(k) != getattr(cfg, k)]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
         same_dir = same_folder(str(saved.get("data_dir", "")), cfg.data_dir)
         remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
@@ -156,8 +163,8 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
                          f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); {remedy}")
     vocab_size = cfg.vocab_size or meta["vocab_size"]  # set as before (where GPT-2's weights overrode it), or the same
-    if cfg.vocab_size != saved.get("vocab_size") and checkpoint["model_config"]["vocab_size"] != vocab_size:
-        differ.append(f"a vocabulary of {checkpoint['model_config']['vocab_size']} tokens (now {vocab_size})")
+    if cfg.vocab_size != saved.get("vocab_size") and model["vocab_size"] != vocab_size:
+        differ.append(f"a vocabulary of {model['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
     was = {f.name: saved.get(f.name, getattr(defaults, f.name)) for f in fields(cfg)  # newer settings: their default
@@ -165,12 +172,15 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
            and not (f.name in RESOLVED_SETTINGS and saved.get(f.name) == getattr(defaults, f.name))}
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
+    if cfg.eval_only:  # nothing trains: only what changes the evaluation
+        was = {name: value for name, value in was.items() if name in EVALUATION_SETTINGS}
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
     before, now = checkpoint.get("splits") or {}, splits or {}  # none in a checkpoint older than the record
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
                 for name in now if name in before and before[name] != now[name]]
-    return (f"note: {', '.join(changed)} since the checkpoint; training follows the new values, so this run "
-            "will not match an uninterrupted one") if changed else ""
+    follows = ("the evaluation follows the new values, so its losses are not the run's own" if cfg.eval_only else
+               "training follows the new values, so this run will not match an uninterrupted one")
+    return f"note: {', '.join(changed)} since the checkpoint; {follows}" if changed else ""
 
 
 def token_count(record):

@@ -53,7 +53,10 @@ def schedule_note(cfg):
     """A note on a schedule that is likely not what was meant, else "": lr_decay_iters set but not used, since
     with max_seconds the decay follows the clock (a config's iteration schedule run for a time, as
     bench/recipe.py runs nanoGPT's); max_iters set where the decay follows the clock, so that a run it stops
-    ends before its decay does; or a run by iterations that ends before its warm-up does."""
+    ends before its decay does; or a run by iterations that ends before its warm-up does. None where nothing
+    trains (eval_only)."""
+    if cfg.eval_only:
+        return ""
     if cfg.max_seconds > 0 and cfg.lr_decay_iters:
         return (f"note: lr_decay_iters={cfg.lr_decay_iters} is not used: with max_seconds={cfg.max_seconds:g} the "
                 "learning rate decays by the clock (--max_seconds=0 decays it by iterations)")

@@ -211,8 +211,8 @@ def main(cfg):
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
         if cfg.init_from == "resume" and setup.master:
             print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} "
-                  f"at iteration {state.iter_num}" + ("" if cfg.eval_only or not note else f"\n{note}"))
-        elif note and setup.master and not cfg.eval_only:
+                  f"at iteration {state.iter_num}" + (f"\n{note}" if note else ""))
+        elif note and setup.master:
             print(note)
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing to out_dir
@@ -495,7 +495,8 @@ class TrainState:
 def resume_state(state, checkpoint, path, setup, cfg):
     """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
     this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train.
-    Returns a note naming the parameters the checkpoint holds no optimizer state for ("" if none)."""
+    Returns a note naming the parameters the checkpoint holds no optimizer state for ("" if none, or where
+    nothing trains: eval_only)."""
     if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
         raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
                          "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
@@ -523,6 +524,8 @@ def resume_state(state, checkpoint, path, setup, cfg):
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
                          f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
                          "train; raise them to train on, or evaluate it with --eval_only=true")
+    if cfg.eval_only:
+        return ""
     notes = [f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "
              "file lost it): their optimizer state starts anew" if stateless else ""]
     if cfg.dropout > 0 and saved_ranks(checkpoint) != setup.world_size:  # each rank draws its masks from its own

@@ -171,6 +171,8 @@ def test_a_parameter_that_never_had_a_gradient_resumes(tmp_path, data_dir, launc
     checkpoint = load(tmp_path / "ckpt.pt")
     del checkpoint["optimizer"]["state"]["transformer.ln_f.weight"]
     torch.save(checkpoint, tmp_path / "ckpt.pt")
+    scored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true"))
+    assert "val loss" in scored.stdout and "note:" not in scored.stdout, scored.stdout  # an evaluation needs none
     resumed = check_ok(launch("train.py", *common, "--max_iters=4", "--init_from=resume"))
     assert load(tmp_path / "ckpt.pt")["iter_num"] == 4
     # said, since a file that lost the state is the other way there can be none: not silently a different run
@@ -374,8 +376,13 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
     err = capsys.readouterr().err
     assert refused.value.code == 2 and err.count("\n") == 1 and "nothing is left to train" in err, err
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
-    train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True))
-    assert "val loss" in capsys.readouterr().out
+    # an evaluation is told of what changes its losses (its batches' shape), not of training's settings
+    train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True, batch_size=2 * cfg.batch_size,
+                                   learning_rate=cfg.learning_rate / 2))
+    out = capsys.readouterr().out
+    assert "val loss" in out and f"note: batch_size {cfg.batch_size} -> {2 * cfg.batch_size} since the checkpoint; " \
+        "the evaluation follows the new values, so its losses are not the run's own\n" in out, out
+    assert "learning_rate" not in out and out.count("note:") == 1, out  # nor of the warm-up max_iters=3 ends in
     more = dict(max_iters=4) if limit == "max_iters" else dict(max_seconds=1.0)
     train.main(dataclasses.replace(cfg, init_from="resume", **more))
     assert load(tmp_path / "ckpt.pt")["iter_num"] > done["iter_num"]
@@ -544,8 +551,11 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     check_ok(launch("train.py", *common, "--init_from=resume", "--max_iters=5"))
     other = launch("train.py", *common, "--init_from=resume", "--vocab_size=50400", "--max_iters=6")
     assert other.returncode == 2 and "a vocabulary of 50257 tokens (now 50400)" in other.stderr, other.stderr
-    changed = launch("train.py", *common, "--init_from=resume", "--n_embd=32", "--max_iters=6")
-    assert changed.returncode == 2 and "n_embd=" in changed.stderr, changed.stderr
+    # another shape is refused naming the weights' value, not the flags' n_layer=6; the weights' own resumes
+    changed = launch("train.py", *common, "--init_from=resume", "--n_layer=2", "--max_iters=6")
+    assert changed.returncode == 2 and "trained with n_layer=1 (now 2)" in changed.stderr, changed.stderr
+    check_ok(launch("train.py", *common, "--init_from=resume", "--n_layer=1", "--n_head=2", "--n_embd=16",
+                    "--max_iters=6"))
     too_long = launch("train.py", *common, f"--init_from={weights}", "--block_size=80", f"--out_dir={tmp_path / 'x'}")
     assert too_long.returncode == 2 and "block_size=80 is larger than the model's 64" in too_long.stderr, too_long.stderr
     assert "Traceback" not in too_long.stderr and not (tmp_path / "x").exists()
