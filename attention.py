@@ -108,7 +108,8 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
             raise ValueError("attention='fa3' needs a Hopper GPU (H100, H200); use attention='fa2' or 'flash' here")
     if backend in FLASH_BACKENDS and device_type == "cuda" and (head_size or 0) > FLASH_MAX_HEAD_SIZE:
         raise ValueError(f"attention={backend!r} on CUDA takes heads of at most {FLASH_MAX_HEAD_SIZE} numbers, and "
-                         f"n_embd/n_head is {head_size}; use more heads (--n_head) or attention='sdpa'")
+                         f"n_embd/n_head is {head_size}; use attention='sdpa' (or, for a model of your own, more "
+                         "heads: --n_head)")
     if backend == "flash" and device_type == "cpu" and dropout > 0:
         raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
     if backend == "flash" and device_type == "cuda" and dtype == torch.float32:

@@ -191,7 +191,7 @@ def main(cfg):
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
             note = "\n".join(filter(None, [note, schedule_note(cfg)]))
-            check_backend(cfg.attention, setup.device_type, setup.dtype, cfg.dropout, head_size(cfg))
+            check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
                 note = "\n".join(filter(None, [note, changed]))
@@ -338,12 +338,6 @@ def load_data(cfg, setup):
                 meta.get("splits", {}))
 
 
-def head_size(cfg):
-    """The heads' size of the model cfg trains, where cfg decides it; None for GPT-2's weights, whose
-    shape is theirs (heads of 64 in every size)."""
-    return None if cfg.from_weights else cfg.n_embd // cfg.n_head
-
-
 def check_data(cfg, data):
     """ValueError unless the data suits the run's settings (a resumed run's, as_run's: its block_size, say)."""
     for split, tokens in (("train", data.train), ("val", data.val)):
@@ -397,17 +391,29 @@ def as_run(cfg, setup, checkpoint):
 
 
 def build_model(cfg, meta, checkpoint, setup):
-    """The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights (whose shape wins)."""
+    """The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights (whose shape wins); ValueError
+    where its heads do not suit the attention backend on this device (a size only the weights may set)."""
     runtime = {k: getattr(cfg, k) for k in RUNTIME_SETTINGS}
     if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
-        return model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
-    wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
-    if cfg.init_from == "scratch":
+        model = model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
+    elif cfg.init_from == "scratch":
+        wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
         check_model_fits(wanted)
-        return GPT(wanted)
+        model = GPT(wanted)
+    else:
+        model = pretrained_model(cfg, meta, setup, runtime)
+    c = model.config
+    check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg), c.n_embd // c.n_head)
+    return model
+
+
+def pretrained_model(cfg, meta, setup, runtime):
+    """GPT-2's weights that init_from names, cropped to block_size; says which of cfg's model settings
+    the weights' own shape overrode."""
     model = GPT.from_pretrained(cfg.init_from, **runtime)
     model.crop_block_size(cfg.block_size)
-    c, defaults = model.config, with_machine_width(type(cfg)(), setup.device_type)
+    wanted, c = model_config(cfg, cfg.vocab_size or meta["vocab_size"]), model.config
+    defaults = with_machine_width(type(cfg)(), setup.device_type)
     ignored = [f"{k}={getattr(wanted, k)}" for k in WEIGHT_SETTINGS  # the user's settings, not train.py's defaults
                if getattr(wanted, k) != getattr(c, k) and getattr(cfg, k) != getattr(defaults, k)]
     if setup.master:
@@ -415,6 +421,11 @@ def build_model(cfg, meta, checkpoint, setup):
               f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"
               + (f"; not used: {', '.join(ignored)}" if ignored else ""))
     return model
+
+
+def training_dropout(cfg):
+    """The dropout this run's forwards use: none where it only evaluates (a model in eval mode drops nothing)."""
+    return 0.0 if cfg.eval_only else cfg.dropout
 
 
 def check_model_fits(config):

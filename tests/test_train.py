@@ -1138,15 +1138,52 @@ def as_torchrun_rank_of_two(monkeypatch, local_rank, gpus):
         monkeypatch.setenv(name, str(value))
 
 
-def test_the_head_size_check_reads_the_model_the_run_trains(tmp_path, data_dir, monkeypatch):
-    """attention's head-size check (flash on CUDA) gets n_embd/n_head where the settings shape the model,
-    and nothing for GPT-2's weights, whose shape is theirs whatever --n_embd says."""
+def test_the_head_size_check_reads_the_model_the_run_trains(tmp_path, data_dir, monkeypatch, capsys):
+    """attention's head-size check (flash on CUDA) gets the heads of the model the run trains: n_embd/n_head
+    where the settings shape it; for weights, theirs whatever --n_embd says, when a resume of them too,
+    and a size the backend refuses is one line before anything is written (here a check that takes heads
+    of at most 16 stands in for CUDA's limit)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     import train
+    from data.prepare import prepare_bpe
     seen = []
-    monkeypatch.setattr(train, "check_backend", lambda *args: seen.append(args[-1]))
-    train.main(tiny_config(data_dir, tmp_path, n_embd=24, n_head=2, max_iters=1, compile=False))
-    assert seen == [12]
-    assert train.head_size(train.TrainConfig(init_from="gpt2", n_embd=512, n_head=1)) is None
+
+    def check(backend, device_type, dtype, dropout, head_size=None):
+        seen.append(head_size)
+        if (head_size or 0) > 16:
+            raise ValueError(f"heads of {head_size} are too large")
+    monkeypatch.setattr(train, "check_backend", check)
+    train.main(tiny_config(data_dir, tmp_path / "scratch", n_embd=24, n_head=2, max_iters=1, compile=False))
+    assert seen == [None, 12]
+    weights, data = tmp_path / "hf", tmp_path / "bpe"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=16, vocab_size=50257)).save_pretrained(weights)
+    prepare_bpe(str(data), texts=[TEXT])
+    cfg = tiny_config(data, tmp_path / "tuned", n_embd=24, n_head=2, max_iters=1, compile=False, init_from=str(weights))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        train.main(cfg)
+    assert refused.value.code == 2 and capsys.readouterr().err == "error: heads of 32 are too large\n"
+    assert not (tmp_path / "tuned").exists()
+    monkeypatch.setattr(train, "check_backend", lambda *args: None)
+    train.main(cfg)  # a checkpoint to resume, whose first run's settings say heads of 12
+    monkeypatch.setattr(train, "check_backend", check)
+    saved = (tmp_path / "tuned" / "ckpt.pt").read_bytes()
+    with pytest.raises(SystemExit) as refused:
+        train.main(replace(cfg, init_from="resume", max_iters=2))
+    assert refused.value.code == 2 and capsys.readouterr().err == "error: heads of 32 are too large\n"
+    assert (tmp_path / "tuned" / "ckpt.pt").read_bytes() == saved
+
+
+def test_an_evaluation_takes_a_backend_without_dropout_whatever_dropout_says(tmp_path, data_dir, capsys):
+    """PyTorch's flash kernel on a CPU has no dropout, and a model in eval mode drops nothing: --eval_only
+    runs with a dropout the training refuses beside that kernel."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, eval_only=True, attention="flash", dropout=0.1))
+    assert "val loss" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, attention="flash", dropout=0.1))
+    assert refused.value.code == 2 and "has no dropout" in capsys.readouterr().err
 
 
 def test_a_train_py_out_dir_given_as_weights_is_named_whatever_the_data(tmp_path, data_dir):
