@@ -148,8 +148,9 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
-        raise ValueError(f"{path} was trained with optimizer={saved.get('optimizer', defaults.optimizer)} "
-                         f"(now {cfg.optimizer}); its optimizer state fits only that one: resume with the same")
+        was = saved.get("optimizer", defaults.optimizer)
+        raise ValueError(f"{path} was trained with optimizer={was} (now {cfg.optimizer}); its optimizer state fits "
+                         f"only that one: resume with --optimizer={was} (or the config file the run was started with)")
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
     model = checkpoint["model_config"]

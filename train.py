@@ -130,6 +130,19 @@ class TrainConfig(GPTConfig):
         return self.init_from not in self.OWN_STARTS
 
 
+def unread_note(cfg, distributed):
+    """A note naming the settings cfg gives (not at their defaults) that this run never reads, and why; ""
+    where there are none."""
+    unread = {"muon_lr": cfg.optimizer != "muon" and f"optimizer={cfg.optimizer}",
+              "wandb_project": not cfg.wandb_log and "wandb_log=false",
+              "wandb_run_name": not cfg.wandb_log and "wandb_log=false",
+              "parallelism": not distributed and "one process: it applies under torchrun"}
+    defaults = type(cfg)()
+    given = [f"{name}={getattr(cfg, name)} ({why})" for name, why in unread.items()
+             if why and getattr(cfg, name) != getattr(defaults, name)]
+    return f"note: not used in this run: {', '.join(given)}" if given else ""
+
+
 # n_embd=0's width: 128, or 96 on a CPU without bf16 instructions. Such a CPU trains in fp32 at about a
 # quarter of bf16's arithmetic a second, and in its 190 s a narrower model, taking more steps, learns more
 # (bench/README.md, "On an AVX2-only CPU")
@@ -190,7 +203,7 @@ def main(cfg):
             checkpoint = load_resume_point(cfg)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
-            note = "\n".join(filter(None, [note, schedule_note(cfg)]))
+            note = "\n".join(filter(None, [note, schedule_note(cfg), unread_note(cfg, setup.distributed)]))
             check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)

@@ -1566,11 +1566,27 @@ def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data
     rate only rose, and nothing said so (an lr_decay_iters that ends within the warm-up is refused)."""
     import train
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3))
-    assert "note: max_iters=3 ends within the warm-up (warmup_iters=100): the learning rate only rises; set " \
-           "--warmup_iters below max_iters for a warm-up and a decay\n" in capsys.readouterr().out
-    for fine in (dict(warmup_iters=2), dict(max_seconds=60), dict(lr_decay_iters=200)):  # past it, or not by iterations
+    assert "note: max_iters=3 ends by the warm-up's end (warmup_iters=100): the learning rate never decays; set " \
+           "--warmup_iters below max_iters - 1 for a warm-up and a decay\n" in capsys.readouterr().out
+    # the same where the decay would end later, and where the run's last step is the decay's first, at the peak
+    for short in (dict(lr_decay_iters=200), dict(warmup_iters=2)):
+        train.main(tiny_config(data_dir, tmp_path / str(short), compile=False, max_iters=3, **short))
+        assert "never decays" in capsys.readouterr().out, short
+    for fine in (dict(warmup_iters=1), dict(max_seconds=60)):  # a decay's step, or not by iterations
         train.main(tiny_config(data_dir, tmp_path / str(fine), compile=False, max_iters=3, **fine))
-        assert "within the warm-up" not in capsys.readouterr().out, fine
+        assert "never decays" not in capsys.readouterr().out, fine
+
+
+def test_settings_a_run_never_reads_are_named(tmp_path, data_dir, capsys):
+    """A setting given that this run has no use for (Muon's rate beside AdamW, wandb's names without wandb,
+    a parallelism with one process) is named once, with why, rather than silently ignored."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path / "a", compile=False, max_iters=1, optimizer="adamw", muon_lr=0.05,
+                           wandb_project="p", parallelism="fsdp"))
+    assert "note: not used in this run: muon_lr=0.05 (optimizer=adamw), wandb_project=p (wandb_log=false), " \
+           "parallelism=fsdp (one process: it applies under torchrun)\n" in capsys.readouterr().out
+    train.main(tiny_config(data_dir, tmp_path / "b", compile=False, max_iters=1, optimizer="adamw"))
+    assert "not used" not in capsys.readouterr().out
 
 
 def test_too_little_data_for_a_resumed_run_is_not_told_to_change_block_size(TrainConfig):
