@@ -169,10 +169,13 @@ def field_comments(cls):
 
 
 def as_typed(value):
-    """A value as one would type it after --key= (true, none, plain words; quoted where needed)."""
+    """A value as one would type it after --key= (true, none, plain words; quoted where needed, and a newline
+    as bash writes one: $'\\n')."""
     if value is None or isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, str) and (not value or not value.isprintable() or " " in value):
+    if isinstance(value, str) and not value.isprintable():
+        return "$'" + value.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+    if isinstance(value, str) and (not value or " " in value):
         return repr(value)
     return str(value)
 
@@ -212,7 +215,7 @@ def load_config(cls, argv):
         print_help(cls)
 
     def check_key(key, where):
-        if key not in hints:
+        if key not in names:  # a field: the class's ClassVars (USAGE, ...) have type hints too
             near = difflib.get_close_matches(key, names, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")

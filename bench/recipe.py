@@ -99,6 +99,8 @@ class RecipeBench:
         except ValueError as e:  # an unclosed quote, say
             raise ValueError(f"train_args={self.train_args!r} cannot be split into flags ({e})") from None
         for flag in flags:  # train.py takes the last of a flag given twice: these would quietly undo the table's
+            if flag in ("-h", "--help"):  # load_config would print train.py's settings as this script's
+                raise ValueError("train_args cannot ask for --help; python train.py --help lists the settings it takes")
             key = flag[2:].partition("=")[0]
             if key in RECIPE_SETS:
                 raise ValueError(f"train_args sets {key}, which recipe.py sets for each run; use {RECIPE_SETS[key]}")
@@ -381,6 +383,7 @@ def paired_difference(configs, seeds, runs):
 
 
 def main(cfg):
+    device = resolve_device(cfg.device)  # before the configs, whose runs take it: an error names --device
     configs = check_configs(cfg)
     seeds = split_list(cfg.seeds, "seeds", int)
     if len(set(seeds)) < len(seeds):  # a repeat would run into the first one's out_dir
@@ -390,7 +393,6 @@ def main(cfg):
             TrainConfig(seed=seed)
         except ValueError as e:
             fail(f"seeds={cfg.seeds}: {e}")
-    device = resolve_device(cfg.device)
     sets = cpu_sets(cfg, device)
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs

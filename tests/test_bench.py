@@ -520,6 +520,10 @@ def test_bench_help_describes_every_setting(launch, script):
 
 @pytest.mark.parametrize("script, flag, says", [
     ("bench/train.py", "--seed=-1", "seed must be in [0, 2**32), got -1"),
+    ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
+    ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
+    ("bench/recipe.py", "--train_args=--help", "train_args cannot ask for --help"),
+    ("bench/recipe.py", "--device=gpu", "error: unknown device 'gpu'"),  # not blamed on a config file
     ("bench/train.py", "--seed=4294967296", "seed must be in [0, 2**32)"),
     ("bench/train.py", "--vocab_size=-3", "vocab_size must be at least 0 (0: the config's)"),
     ("bench/recipe.py", "--train_args='oops", "train_args=\"'oops\" cannot be split into flags"),

@@ -1651,6 +1651,18 @@ def test_help_says_what_every_setting_means(launch, script):
     assert len(starts) == 1, f"{script}: meanings do not start in one column"
 
 
+@pytest.mark.skipif(not shutil.which("bash"), reason="reads the flags back as bash does")
+def test_help_shows_defaults_as_a_shell_takes_them_back():
+    """--help's flag column is what one would type: bash reads sample.py's --start (a newline) back as the
+    default itself, and the same for text with a quote and a space in it."""
+    from configurator import as_typed, help_text
+    from sample import SampleConfig
+    flag = next(line.split()[0] for line in help_text(SampleConfig).splitlines() if line.startswith("  --start="))
+    for typed, value in ((flag, "--start=\n"), (f"--x={as_typed(chr(9) + 'it' + chr(39) + 's so')}", "--x=\tit's so")):
+        read = subprocess.run(["bash", "-c", f"printf %s {typed}"], capture_output=True, text=True, check=True).stdout
+        assert read == value, (typed, read)
+
+
 def test_sampling_on_a_cpu_runs_bf16_weights_only_once_they_outgrow_its_cache(monkeypatch):
     import hardware
     monkeypatch.setattr(hardware, "last_level_cache_bytes", lambda: 32 * 2**20)
