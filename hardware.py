@@ -16,6 +16,8 @@ import typing
 
 import torch
 
+from files import atomic_write
+
 DType = typing.Literal["auto", "float32", "bfloat16", "float16"]  # the choices of every script's dtype setting
 
 
@@ -57,11 +59,11 @@ def make_current(device):
 
 
 def pick_dtype(name, device_type, training=True, n_params=0):
-    """The torch dtype the setting `dtype` names. auto: bf16 on GPUs that have it (else fp16). On
+    """The torch dtype the setting `dtype` names. auto: bf16 on CUDA GPUs that have it (else fp16). On
     CPUs with bf16 instructions: bf16 for training; for sampling (training=False) a model of n_params
     weights, bf16 once its fp32 weights outgrow the last-level cache, since every token then streams
     all of them from memory and bf16 halves the bytes, while a model that fits in the cache is
-    faster with fp32's kernels (bench/sample.py measures both). fp32 on other CPUs."""
+    faster with fp32's kernels (bench/sample.py measures both). fp32 on other CPUs and on Apple's GPUs (MPS)."""
     if name == "auto":
         if device_type == "cuda":
             # bf16 only where the GPU computes in it (Ampere and later): torch otherwise counts emulated bf16
@@ -357,7 +359,9 @@ def gpu_datasheet_peaks(name):
 
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
 BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
-CPU_PEAK_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gpt-from-scratch", "cpu_peak_flops.json")
+# in the user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it), else ~/.cache
+CPU_PEAK_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                              "gpt-from-scratch", "cpu_peak_flops.json")
 CPU_PEAK_RANGE = (1e8, 1e16)  # FLOP/s: a cached peak outside it is not one a CPU has (a hand edit, a damaged file)
 
 
@@ -439,15 +443,7 @@ def peak_flops(device_type, dtype, reached=0.0):
     threads = torch.get_num_threads()
     machine = cpu_peak_key(dtype)
     source = f"measured {key} matmul on this CPU ({threads} threads)"
-    try:
-        with open(CPU_PEAK_CACHE) as f:
-            cached = json.load(f)
-    except (OSError, ValueError, RecursionError):  # RecursionError: brackets nested past json's depth
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
-    # a damaged file (strings, a list, a bool, a peak no CPU has) costs a re-measure, never a failed run
-    cached = {k: v for k, v in cached.items() if type(v) in (int, float) and CPU_PEAK_RANGE[0] <= v <= CPU_PEAK_RANGE[1]}
+    cached = cached_cpu_peaks()
     if machine in cached and cached[machine] >= reached:
         return cached[machine], source
     if machine in cached:  # a run beat the probe: the probe was low
@@ -461,11 +457,24 @@ def peak_flops(device_type, dtype, reached=0.0):
         cached[machine] = max(peak, reached)
     try:
         os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
-        with open(CPU_PEAK_CACHE, "w") as f:
-            json.dump(cached, f)
+        peaks = {**cached_cpu_peaks(), machine: cached[machine]}  # as read now: other runs' probes meanwhile stay
+        atomic_write(CPU_PEAK_CACHE, lambda f: f.write(json.dumps(peaks).encode()))
     except OSError:
-        pass  # an unwritable home, or a torn file, only costs a re-measure next time
+        pass  # an unwritable home only costs a re-measure next time
     return cached[machine], source
+
+
+def cached_cpu_peaks():
+    """CPU_PEAK_CACHE's peaks by cpu_peak_key. A damaged file (strings, a list, a bool, a peak no CPU has)
+    costs a re-measure, never a failed run: what is not a peak reads as absent."""
+    try:
+        with open(CPU_PEAK_CACHE) as f:
+            cached = json.load(f)
+    except (OSError, ValueError, RecursionError):  # RecursionError: brackets nested past json's depth
+        cached = {}
+    if not isinstance(cached, dict):
+        return {}
+    return {k: v for k, v in cached.items() if type(v) in (int, float) and CPU_PEAK_RANGE[0] <= v <= CPU_PEAK_RANGE[1]}
 
 
 class BusyCheck:
@@ -503,7 +512,19 @@ class BusyCheck:
             return None
         self.warned = True
         waited = "" if cpus_waiting is None else f", and waited {cpus_waiting:.1f} CPUs' time for a CPU"
-        fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
+        cpus = usable_cpus()
+        if threads > cpus:  # its own threads take each other's CPUs: no other process needed
+            cause = f"its {threads} threads outnumber the {cpus} CPUs it may use. Run with --threads={cpus}"
+        else:
+            fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
+            cause = f"another process is busy on these CPUs. {fix}"
         return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
                 f"{self.best_tokens_per_s:,.0f}; it used {cpus_used:.1f} of its {threads} threads' CPU time{waited}): "
-                f"another process is busy on these CPUs. {fix}")
+                f"{cause}")
+
+
+def threads_text():
+    """torch's threads in words, and where they outnumber the CPUs this process may use, that too: they
+    then wait for each other, and a run is slower than one thread per CPU."""
+    threads, cpus = torch.get_num_threads(), usable_cpus()
+    return f"{threads} threads" + (f" (more than the {cpus} CPUs it may use)" if threads > cpus else "")

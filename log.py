@@ -17,7 +17,7 @@ import torch
 from checkpoint import ckpt_path
 from configurator import whole_number
 from files import atomic_write
-from hardware import BusyCheck, dtype_name, peak_flops
+from hardware import BusyCheck, dtype_name, peak_flops, threads_text
 
 
 class TrainingLog:
@@ -39,7 +39,7 @@ class TrainingLog:
         if setup.master:
             processes = f"{setup.world_size} process(es)" + (f" {cfg.parallelism}" if setup.distributed else "")
             print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {dtype_name(setup.dtype)} | "
-                  f"attention {cfg.attention} | {torch.get_num_threads()} threads | {processes} | "
+                  f"attention {cfg.attention} | {threads_text()} | {processes} | "
                   f"{self.tokens_per_iter:,} tokens/iter" + (f" | MFU against {source}" if measure else ""))
 
     def open(self, iter_num, run_id):

@@ -55,7 +55,7 @@ class SampleConfig:
     top_p: Optional[float] = None  # nucleus sampling: the smallest set of tokens with probability >= top_p
     seed: int = 1337  # the same seed gives the same samples
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype: DType = "auto"  # weights' precision; auto: bf16/fp16 on GPUs, on bf16 CPUs bf16 beyond the cache, else fp32
+    dtype: DType = "auto"  # weights' precision; auto: bf16/fp16 on CUDA, on bf16 CPUs bf16 past the cache, else fp32
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # the attention backend to run the model with (none: as trained; a map: manual)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (slower; the same tokens in fp32)

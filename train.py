@@ -92,7 +92,7 @@ class TrainConfig(GPTConfig):
     min_lr: float = 0.0  # AdamW's rate at the end of the decay (0: all rates decay to zero, which learns more)
     # system
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
-    dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on GPUs, fp32 on CPUs
+    dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on CUDA, fp32 on CPUs and MPS
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
     compile: bool = True  # torch.compile the model (and Muon on a CPU) before training starts; cached on disk: later runs compile in seconds
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model

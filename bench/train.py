@@ -108,7 +108,8 @@ class TrainBench:
 
 def parse_args(argv):
     """A bare path (python bench/train.py configs/x.toml) means --config=path."""
-    files = [a for a in argv if not a.startswith("--")] + [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    given = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    files = [a for a in argv if not a.startswith("--")] + given
     if len(files) > 1:
         fail(f"give at most one train.py config file, got {', '.join(files)}")
     flags = [a for a in argv if a.startswith("--") and not a.startswith("--config=")] + [f"--config={f}" for f in files]

@@ -13,6 +13,7 @@ from helpers import ENV, ROOT, TEXT
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+os.environ["XDG_CACHE_HOME"] = ENV["XDG_CACHE_HOME"]  # for the tests run in this process too, before any import
 
 from data.prepare import prepare_char  # noqa: E402 - needs the repository on sys.path
 

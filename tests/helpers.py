@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -12,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # threads make each step many times slower
 # and no torch.compile (PyTorch's own switch): compiling each tiny model would cost the suite minutes; the
 # compiled path has tests of its own (test_compile.py)
+# and a cache folder of their own: a CPU's peak measured while the tests share its cores is not the user's
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled",
-       "TORCHDYNAMO_DISABLE": "1"}
+       "TORCHDYNAMO_DISABLE": "1", "XDG_CACHE_HOME": os.path.join(tempfile.gettempdir(), "gpt-from-scratch-tests")}
 # torchrun's workers import the repository's modules: the repository first, then the caller's own path
 TORCHRUN_ENV = {**ENV, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"

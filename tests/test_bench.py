@@ -367,7 +367,8 @@ def test_recipe_bench_runs_in_parallel_each_run_on_cores_of_its_own(launch, tmp_
     assert f"runs on CPUs {cpus['base-default']}" in log, log  # train.py itself may run on that CPU only
     assert "the other run had started" in log, log  # the two ran at once
     assert "val_loss" in runs["default"] and "val_loss" not in runs["base-default"], runs
-    assert runs["base-default"]["error"] == f"the evaluation by {base}'s code failed: RuntimeError: no loader here", runs
+    assert runs["base-default"]["error"] == f"the evaluation by {base}'s code failed: RuntimeError: no loader here", \
+        runs
     assert f"note: base-default seed 1: the evaluation by {base}'s code failed" in proc.stdout, proc.stdout
 
 

@@ -35,7 +35,7 @@ import pytest
 import torch
 
 from checkpoint import clean_state_dict, load_checkpoint, save_checkpoint
-from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV, mount_tmpfs
+from helpers import ENV, ROOT, TEXT, TORCHRUN_ENV, check_ok, mount_tmpfs
 from model import GPT, GPTConfig
 from data.prepare import prepare_char
 from train import TrainConfig
@@ -1844,7 +1844,9 @@ def test_train_sets_the_threads_it_is_told(tmp_path, launch):
     proc = launch("train.py", *TINY, f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--max_iters=1",
                   "--threads=3")
     assert proc.returncode == 0, proc.stderr
-    assert "| 3 threads |" in proc.stdout, proc.stdout
+    from hardware import usable_cpus
+    more = f" (more than the {usable_cpus()} CPUs it may use)" if usable_cpus() < 3 else ""  # they wait for each other
+    assert f"| 3 threads{more} |" in proc.stdout, proc.stdout
 
 
 
@@ -1875,6 +1877,23 @@ def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings,
         fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
         assert printed[warned_at].startswith("warning: ") and printed[warned_at].endswith(f"these CPUs. {fix}")
         assert "\n" not in printed[warned_at]
+
+
+def test_a_run_with_more_threads_than_cpus_is_told_that_and_not_of_another_process(monkeypatch):
+    """Threads beyond the CPUs it may use (--threads=2 under taskset -c 0) wait for each other as they would
+    for a neighbour's work: the warning names that cause and its fix, not another process."""
+    import hardware
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        busy = hardware.BusyCheck(tokens_per_step=2048)
+        printed = [busy.judge(*reading) for reading in [(1000, 1.0, 0.9), (900, 1.0, 0.9)]]
+        assert hardware.threads_text() == "2 threads (more than the 1 CPUs it may use)"
+    finally:
+        torch.set_num_threads(before)
+    assert printed[0].endswith("its 2 threads outnumber the 1 CPUs it may use. Run with --threads=1"), printed
+    assert "another process" not in printed[0] and printed[1] is None
 
 
 WAITS_FOR_A_CPU = r"""
@@ -1938,6 +1957,37 @@ def test_a_cpu_peak_measured_under_another_torch_is_measured_again(tmp_path, mon
     (tmp_path / "peak.json").write_text(json.dumps({older: 5e12}))
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
+
+
+def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_tests_keep_their_own(tmp_path):
+    """XDG_CACHE_HOME, where set, is the user's cache folder, ~/.cache where not; the tests give their runs a
+    folder of their own, so a peak measured while tests share the cores never reaches the user's runs."""
+    where = "import hardware; print(hardware.CPU_PEAK_CACHE)"
+    for env, folder in (({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg"), ({}, tmp_path / ".cache")):
+        shown = subprocess.run([sys.executable, "-c", where], cwd=ROOT, capture_output=True, text=True, check=True,
+                               env={**{k: v for k, v in ENV.items() if k != "XDG_CACHE_HOME"}, "HOME": str(tmp_path),
+                                    **env}).stdout
+        assert shown == f"{folder / 'gpt-from-scratch' / 'cpu_peak_flops.json'}\n", shown
+    prepare_char(TEXT, str(tmp_path / "data"))
+    check_ok(subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={tmp_path / 'data'}", "--max_iters=1",
+                             f"--out_dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True, text=True,
+                            env={**ENV, "HOME": str(tmp_path / "home")}))
+    assert not (tmp_path / "home" / ".cache").exists()
+
+
+def test_two_runs_probing_at_once_both_keep_their_peaks(tmp_path, monkeypatch):
+    """recipe.py --parallel starts runs together: one probes fp32 while another's bf16 peak is written; the file
+    read before the probe would have written the bf16 peak away."""
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    bf16 = hardware.cpu_peak_key(torch.bfloat16)
+
+    def probe_while_another_run_writes(dtype):
+        (tmp_path / "peak.json").write_text(json.dumps({bf16: 7e9}))
+        return 5e9, False
+    monkeypatch.setattr(hardware, "measure_cpu_peak", probe_while_another_run_writes)
+    assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
+    assert json.loads((tmp_path / "peak.json").read_text()) == {bf16: 7e9, hardware.cpu_peak_key(torch.float32): 5e9}
 
 
 def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):

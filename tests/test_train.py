@@ -1157,7 +1157,8 @@ def test_the_head_size_check_reads_the_model_the_run_trains(tmp_path, data_dir, 
     train.main(tiny_config(data_dir, tmp_path / "scratch", n_embd=24, n_head=2, max_iters=1, compile=False))
     assert seen == [None, 12]
     weights, data = tmp_path / "hf", tmp_path / "bpe"
-    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=16, vocab_size=50257)).save_pretrained(weights)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=16, vocab_size=50257))
+    hf.save_pretrained(weights)
     prepare_bpe(str(data), texts=[TEXT])
     cfg = tiny_config(data, tmp_path / "tuned", n_embd=24, n_head=2, max_iters=1, compile=False, init_from=str(weights))
     capsys.readouterr()
