@@ -53,8 +53,9 @@ def schedule_note(cfg):
     """A note on a schedule that is likely not what was meant, else "": lr_decay_iters set but not used, since
     with max_seconds the decay follows the clock (a config's iteration schedule run for a time, as
     bench/recipe.py runs nanoGPT's); max_iters set where the decay follows the clock, so that a run it stops
-    ends before its decay does; or a run by iterations that ends before its decay starts (whatever
-    lr_decay_iters says). None where nothing trains (eval_only)."""
+    ends before its decay does; or a run by iterations that ends before its decay starts (where
+    lr_decay_iters sets the decay's end, max_iters only stops the run, as under the clock). None where
+    nothing trains (eval_only)."""
     if cfg.eval_only:
         return ""
     if cfg.max_seconds > 0 and cfg.lr_decay_iters:
@@ -64,7 +65,7 @@ def schedule_note(cfg):
         return (f"note: with max_seconds={cfg.max_seconds:g} the learning rate decays by the clock: max_iters="
                 f"{cfg.max_iters} only stops the run, before the decay ends if it comes first (--max_seconds=0 "
                 "decays it by iterations, to max_iters)")
-    if cfg.max_seconds <= 0 and 0 < cfg.max_iters <= cfg.warmup_iters + 1:  # the decay's first step is at the peak
+    if schedule_reads_max_iters(cfg) and 0 < cfg.max_iters <= cfg.warmup_iters + 1:  # the decay starts at the peak
         return (f"note: max_iters={cfg.max_iters} ends by the warm-up's end (warmup_iters={cfg.warmup_iters}): the "
                 "learning rate never decays; set --warmup_iters below max_iters - 1 for a warm-up and a decay")
     return ""

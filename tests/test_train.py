@@ -1569,11 +1569,11 @@ def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3))
     assert "note: max_iters=3 ends by the warm-up's end (warmup_iters=100): the learning rate never decays; set " \
            "--warmup_iters below max_iters - 1 for a warm-up and a decay\n" in capsys.readouterr().out
-    # the same where the decay would end later, and where the run's last step is the decay's first, at the peak
-    for short in (dict(lr_decay_iters=200), dict(warmup_iters=2)):
-        train.main(tiny_config(data_dir, tmp_path / str(short), compile=False, max_iters=3, **short))
-        assert "never decays" in capsys.readouterr().out, short
-    for fine in (dict(warmup_iters=1), dict(max_seconds=60)):  # a decay's step, or not by iterations
+    # the same where the run's last step is the decay's first, at the peak
+    train.main(tiny_config(data_dir, tmp_path / "peak", compile=False, max_iters=3, warmup_iters=2))
+    assert "never decays" in capsys.readouterr().out
+    # a decay's step; not by iterations; a decay that lr_decay_iters ends, where max_iters only stops the run
+    for fine in (dict(warmup_iters=1), dict(max_seconds=60), dict(lr_decay_iters=200)):
         train.main(tiny_config(data_dir, tmp_path / str(fine), compile=False, max_iters=3, **fine))
         assert "never decays" not in capsys.readouterr().out, fine
 
