@@ -10,7 +10,7 @@ sum of the values. `MultiHeadAttention` adds the projections and the split into 
   "sdpa"    torch.nn.functional.scaled_dot_product_attention, PyTorch picks the kernel
   "flash"   a FlashAttention kernel: the flash-attn package (FA3 on Hopper, else FA2) when it is
             installed and the tensors are fp16/bf16 on CUDA; otherwise PyTorch's own FlashAttention
-            kernel, which also runs on CPU (without dropout)
+            kernel, which on CUDA too needs fp16/bf16, and runs on CPU in any dtype (without dropout)
   "fa2", "fa3"  the flash-attn package only; an error if it cannot run here
 """
 import math

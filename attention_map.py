@@ -15,6 +15,7 @@ import base64
 import html
 import json
 import os
+import re
 
 import torch
 
@@ -101,7 +102,8 @@ def write_attention_page(model, ids, labels, n_prompt, path, title, layer=0, hea
             "out_norms": packed(norms.to(torch.float32))}
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_map.html"), encoding="utf-8") as f:
         page = f.read()
-    page = page.replace("__TITLE__", html.escape(title)).replace("__DATA__", json.dumps(data).replace("</", "<\\/"))
+    fills = {"__TITLE__": html.escape(title), "__DATA__": json.dumps(data).replace("</", "<\\/")}
+    page = re.sub("__TITLE__|__DATA__", lambda m: fills[m.group()], page)  # one pass: neither fills the other
     atomic_write(path, lambda f: f.write(page.encode("utf-8")))
 
 
@@ -134,7 +136,8 @@ def plot_attention(weights, labels, path, layer=0, head=0):
                 ax.set_ylabel(f"layer {i}", fontsize=8)
     ax = fig.add_subplot(grid[:, n_head:])
     image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
-    visible = [repr(t)[1:-1].replace(" ", "␣") for t in labels]  # make newlines and spaces visible
+    # newlines and spaces made visible; a $ literal, where matplotlib would start a formula between two
+    visible = [repr(t)[1:-1].replace(" ", "␣").replace("$", r"\$") for t in labels]
     ax.set_xticks(range(len(visible)), visible, rotation=90, fontsize=7)
     ax.set_yticks(range(len(visible)), visible, fontsize=7)
     ax.set_xlabel("key (attended to)")

@@ -27,7 +27,7 @@ from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, same_folder,
                    writable_directory)
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
-from optim import schedule_reads_max_iters
+from optim import schedule_reads_max_iters, unused_by_optimizer
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
 # damaged checkpoint fails in one line before anything is written, not in the middle of restoring it
@@ -49,9 +49,9 @@ NEUTRAL_SETTINGS = ("out_dir", "init_from", "overwrite", "eval_only", "eval_inte
                     "wandb_log", "wandb_project", "wandb_run_name", "device", "threads", "compile", "attention",
                     "parallelism", "seed")
 
-# of the settings a resumed run may change, those that change what an evaluation of the same weights gives
-# (--eval_only, which trains nothing): the batches' shape and the arithmetic's precision
-EVALUATION_SETTINGS = ("batch_size", "dtype")
+# what an evaluation of the same weights gives (--eval_only, which trains nothing) changes with: the batches'
+# shape and number, and the arithmetic's precision
+EVALUATION_SETTINGS = ("batch_size", "eval_iters", "dtype")
 
 
 OUT_DIR = "out"  # train.py's out_dir, and so where sample.py looks, unless told otherwise
@@ -168,18 +168,17 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
         differ.append(f"a vocabulary of {model['vocab_size']} tokens (now {vocab_size})")
     if differ:
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
-    was = {f.name: saved.get(f.name, getattr(defaults, f.name)) for f in fields(cfg)  # newer settings: their default
-           if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS
-           and not (f.name in RESOLVED_SETTINGS and saved.get(f.name) == getattr(defaults, f.name))}
+    compared = EVALUATION_SETTINGS if cfg.eval_only else [  # nothing trains: only what changes the evaluation
+        f.name for f in fields(cfg) if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS + unused_by_optimizer(cfg)]
+    was = {name: saved.get(name, getattr(defaults, name)) for name in compared  # newer settings: their default
+           if not (name in RESOLVED_SETTINGS and saved.get(name) == getattr(defaults, name))}
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
-    if cfg.eval_only:  # nothing trains: only what changes the evaluation
-        was = {name: value for name, value in was.items() if name in EVALUATION_SETTINGS}
     changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
     before, now = checkpoint.get("splits") or {}, splits or {}  # none in a checkpoint older than the record
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
                 for name in now if name in before and before[name] != now[name]]
-    follows = ("the evaluation follows the new values, so its losses are not the run's own" if cfg.eval_only else
+    follows = ("the evaluation follows the new values" if cfg.eval_only else
                "training follows the new values, so this run will not match an uninterrupted one")
     return f"note: {', '.join(changed)} since the checkpoint; {follows}" if changed else ""
 

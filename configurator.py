@@ -174,10 +174,18 @@ def as_typed(value):
     if value is None or isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, str) and not value.isprintable():
-        return "$'" + value.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+        return "$'" + "".join(bash_escaped(c) for c in value) + "'"
     if isinstance(value, str) and (not value or " " in value):
         return repr(value)
     return str(value)
+
+
+def bash_escaped(c):
+    """One character as bash's $'...' reads it back: a control character escaped (\\n, \\x07, \\u2028), a
+    printable one as itself (é stays é: bash reads \\xe9 as that one byte, not as UTF-8)."""
+    if c in "\\'":
+        return "\\" + c
+    return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
 
 
 def help_text(cls):

@@ -359,9 +359,14 @@ def gpu_datasheet_peaks(name):
 
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
 BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
-# in the user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it), else ~/.cache
-CPU_PEAK_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-                              "gpt-from-scratch", "cpu_peak_flops.json")
+def cache_home():
+    """The user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it) to an absolute
+    path, as its specification asks, else ~/.cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+
+
+CPU_PEAK_CACHE = os.path.join(cache_home(), "gpt-from-scratch", "cpu_peak_flops.json")
 CPU_PEAK_RANGE = (1e8, 1e16)  # FLOP/s: a cached peak outside it is not one a CPU has (a hand edit, a damaged file)
 
 

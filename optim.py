@@ -65,10 +65,16 @@ def schedule_note(cfg):
         return (f"note: with max_seconds={cfg.max_seconds:g} the learning rate decays by the clock: max_iters="
                 f"{cfg.max_iters} only stops the run, before the decay ends if it comes first (--max_seconds=0 "
                 "decays it by iterations, to max_iters)")
-    if schedule_reads_max_iters(cfg) and 0 < cfg.max_iters <= cfg.warmup_iters + 1:  # the decay starts at the peak
+    # the decay starts at the peak; a run of one step has nothing to decay (nor a setting that would change that)
+    if schedule_reads_max_iters(cfg) and 2 <= cfg.max_iters <= cfg.warmup_iters + 1:
         return (f"note: max_iters={cfg.max_iters} ends by the warm-up's end (warmup_iters={cfg.warmup_iters}): the "
                 "learning rate never decays; set --warmup_iters below max_iters - 1 for a warm-up and a decay")
     return ""
+
+
+def unused_by_optimizer(cfg):
+    """The rate settings that cfg's optimizer does not read: Muon's beside AdamW alone."""
+    return ("muon_lr",) if cfg.optimizer != "muon" else ()
 
 
 def schedule_reads_max_iters(cfg):

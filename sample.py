@@ -311,17 +311,18 @@ def draw_attention(model, tokenizer, ids, cfg):
     if cfg.attention_map.lower().endswith(".html"):
         text = ids + continuation(model, tokenizer, ids, cfg)
         title = cfg.init_from if cfg.init_from != "resume" else ckpt_path(cfg.out_dir)
-        write_attention_page(model, text, [tokenizer.decode([i]) for i in text], len(ids), cfg.attention_map, title,
+        write_attention_page(model, text, [tokenizer.token_text(i) for i in text], len(ids), cfg.attention_map, title,
                              cfg.attention_layer, cfg.attention_head)
         print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(text)} tokens "
               f"({len(ids)} of the prompt, {len(text) - len(ids)} written)")
         return
-    ids = ids[-c.block_size:]  # a picture of the window the model sees
+    window = ids[-c.block_size:]  # a picture of the window the model sees
     device = next(model.parameters()).device
-    weights = [w[0] for w in model.attention_weights(torch.tensor([ids], device=device))]  # per layer (nh, T, T)
-    plot_attention(weights, [tokenizer.decode([i]) for i in ids], cfg.attention_map, cfg.attention_layer,
+    weights = [w[0] for w in model.attention_weights(torch.tensor([window], device=device))]  # per layer (nh, T, T)
+    plot_attention(weights, [tokenizer.token_text(i) for i in window], cfg.attention_map, cfg.attention_layer,
                    cfg.attention_head)
-    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(ids)} tokens")
+    cut = f" (the prompt's last {len(window)} of {len(ids)}: the model's window)" if len(window) < len(ids) else ""
+    print(f"wrote {cfg.attention_map}: {c.n_layer} layers x {c.n_head} heads over {len(window)} tokens{cut}")
 
 
 def continuation(model, tokenizer, ids, cfg):

@@ -44,7 +44,7 @@ from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, 
 from files import OutputThatMayClose, check_stdout, same_folder
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
-from optim import Muon, configure_optimizers, lr_multiplier, schedule_note, set_lr
+from optim import Muon, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
@@ -133,7 +133,7 @@ class TrainConfig(GPTConfig):
 def unread_note(cfg, distributed):
     """A note naming the settings cfg gives (not at their defaults) that this run never reads, and why; ""
     where there are none."""
-    unread = {"muon_lr": cfg.optimizer != "muon" and f"optimizer={cfg.optimizer}",
+    unread = {**{name: f"optimizer={cfg.optimizer}" for name in unused_by_optimizer(cfg)},
               "wandb_project": not cfg.wandb_log and "wandb_log=false",
               "wandb_run_name": not cfg.wandb_log and "wandb_log=false",
               "parallelism": not distributed and "one process: it applies under torchrun"}

@@ -54,6 +54,10 @@ class CharTokenizer:
         except IndexError:
             raise ValueError(f"token id outside the vocabulary of {self.vocab_size} characters") from None
 
+    def token_text(self, i):
+        """One token as text, for pictures of the attention: here its character."""
+        return self.decode([i])
+
     def meta(self):
         return {"tokenizer": "char", "chars": self.chars, "vocab_size": self.vocab_size}
 
@@ -129,6 +133,11 @@ class GPT2Tokenizer:
 
     def decode(self, ids):
         return self.enc.decode(list(ids))
+
+    def token_text(self, i):
+        """One token as text, for pictures of the attention. BPE splits some characters (CJK's, say) into
+        tokens of their bytes, which alone decode to nothing readable: such bytes show as \\xe6."""
+        return self.enc.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
 
     def meta(self):
         return {"tokenizer": "gpt2", "vocab_size": self.vocab_size}

@@ -184,6 +184,17 @@ def test_char_tokenizer():
         tok.decode([8])
 
 
+def test_each_token_reads_as_text_even_where_bpe_splits_a_character():
+    """The attention pictures label every token alone. BPE gives some characters (CJK's) several tokens of
+    their bytes, which alone decoded to "\ufffd" each: they show their bytes; whole tokens read as typed."""
+    tok = GPT2Tokenizer()
+    labels = [tok.token_text(i) for i in tok.encode("日本語 ok")]
+    assert labels[-1] == " ok" and "\ufffd" not in "".join(labels), labels
+    raw = "".join(labels[:-1]).encode("latin-1").decode("unicode_escape").encode("latin-1")  # the \\xNN as bytes
+    assert raw.decode() == "日本語", labels
+    assert [CharTokenizer("ab€").token_text(i) for i in range(3)] == ["a", "b", "€"]
+
+
 def test_tokenizer_from_meta():
     tok = tokenizer_from_meta({"tokenizer": "char", "chars": "ab", "vocab_size": 2})
     assert isinstance(tok, CharTokenizer) and tok.encode("ba") == [1, 0]

@@ -226,6 +226,24 @@ def test_plot_attention_shows_the_causal_triangle(tmp_path, drawn_figures):
         assert torch.equal(picture, weights[i][j]), (i, j)  # the triangle as computed: zero above the diagonal
 
 
+def test_plot_attention_writes_a_dollar_as_a_dollar(tmp_path, drawn_figures):
+    """matplotlib reads text between two $ as a formula: GPT-2's "$$" token (LaTeX) was a traceback."""
+    weights = [torch.ones(1, 3, 3).tril() / torch.arange(1, 4).view(3, 1)]
+    plot_attention(weights, [" $$", "a$b", "$"], str(tmp_path / "attn.png"))
+    assert_picture(tmp_path / "attn.png", (500, 300))
+    labels = [label.get_text() for label in drawn_figures[0].axes[-2].get_xticklabels()]  # the large panel's
+    assert labels == ["␣\\$\\$", "a\\$b", "\\$"], labels
+
+
+def test_a_title_that_holds_the_pages_placeholders_is_only_a_title(tmp_path):
+    """The checkpoint's path is the page's title: one holding __DATA__ put the page's data into its heading."""
+    from attention_map import write_attention_page
+    model = GPT(GPTConfig(vocab_size=40, block_size=8, n_layer=1, n_head=1, n_embd=8)).eval()
+    write_attention_page(model, [1, 2, 3], ["a", "b", "c"], 1, str(tmp_path / "a.html"), "t__DATA__<i>")
+    page = (tmp_path / "a.html").read_text()
+    assert page.count('"tokens": ["a", "b", "c"]') == 1 and "<title>Attention: t__DATA__&lt;i&gt;" in page
+
+
 class LargestTensor(TorchDispatchMode):
     """Records the most numbers any one op makes while it is on."""
 
@@ -288,6 +306,8 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     asked = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:", f"--attention_map={png}", "--max_new_tokens=50",
                    "--num_samples=3", "--compile=true", "--dtype=bfloat16", "--attention_head=1")
     assert asked.returncode == 0 and "over 6 tokens\n" in asked.stdout, asked.stderr
+    long = launch("sample.py", f"--out_dir={out}", f"--start={'ROMEO: ' * 4}", f"--attention_map={png}")
+    assert long.returncode == 0 and "over 16 tokens (the prompt's last 16 of 28: the model's window)\n" in long.stdout
     assert asked.stderr == ("note: --num_samples, --max_new_tokens, --compile, --dtype are not used for an attention "
                             "picture\n")
     page = launch("sample.py", f"--out_dir={out}", f"--attention_map={tmp_path / 'a.html'}", "--use_kv_cache=false",

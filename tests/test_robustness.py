@@ -1963,7 +1963,8 @@ def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_
     """XDG_CACHE_HOME, where set, is the user's cache folder, ~/.cache where not; the tests give their runs a
     folder of their own, so a peak measured while tests share the cores never reaches the user's runs."""
     where = "import hardware; print(hardware.CPU_PEAK_CACHE)"
-    for env, folder in (({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg"), ({}, tmp_path / ".cache")):
+    for env, folder in (({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg"), ({}, tmp_path / ".cache"),
+                        ({"XDG_CACHE_HOME": "relative"}, tmp_path / ".cache")):  # relative: not a place, ignored
         shown = subprocess.run([sys.executable, "-c", where], cwd=ROOT, capture_output=True, text=True, check=True,
                                env={**{k: v for k, v in ENV.items() if k != "XDG_CACHE_HOME"}, "HOME": str(tmp_path),
                                     **env}).stdout

@@ -378,10 +378,11 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
     # an evaluation is told of what changes its losses (its batches' shape), not of training's settings
     train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True, batch_size=2 * cfg.batch_size,
-                                   learning_rate=cfg.learning_rate / 2))
+                                   eval_iters=cfg.eval_iters + 1, learning_rate=cfg.learning_rate / 2))
     out = capsys.readouterr().out
-    assert "val loss" in out and f"note: batch_size {cfg.batch_size} -> {2 * cfg.batch_size} since the checkpoint; " \
-        "the evaluation follows the new values, so its losses are not the run's own\n" in out, out
+    assert "val loss" in out and f"note: batch_size {cfg.batch_size} -> {2 * cfg.batch_size}, eval_iters " \
+        f"{cfg.eval_iters} -> {cfg.eval_iters + 1} since the checkpoint; the evaluation follows the new values\n" \
+        in out, out
     assert "learning_rate" not in out and out.count("note:") == 1, out  # nor of the warm-up max_iters=3 ends in
     more = dict(max_iters=4) if limit == "max_iters" else dict(max_seconds=1.0)
     train.main(dataclasses.replace(cfg, init_from="resume", **more))
@@ -1569,9 +1570,11 @@ def test_a_run_by_iterations_that_ends_within_its_warm_up_says_so(tmp_path, data
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3))
     assert "note: max_iters=3 ends by the warm-up's end (warmup_iters=100): the learning rate never decays; set " \
            "--warmup_iters below max_iters - 1 for a warm-up and a decay\n" in capsys.readouterr().out
-    # the same where the run's last step is the decay's first, at the peak
+    # the same where the run's last step is the decay's first, at the peak; a run of one step has none to decay
     train.main(tiny_config(data_dir, tmp_path / "peak", compile=False, max_iters=3, warmup_iters=2))
     assert "never decays" in capsys.readouterr().out
+    train.main(tiny_config(data_dir, tmp_path / "one", compile=False, max_iters=1, warmup_iters=0))
+    assert "never decays" not in capsys.readouterr().out
     # a decay's step; not by iterations; a decay that lr_decay_iters ends, where max_iters only stops the run
     for fine in (dict(warmup_iters=1), dict(max_seconds=60), dict(lr_decay_iters=200)):
         train.main(tiny_config(data_dir, tmp_path / str(fine), compile=False, max_iters=3, **fine))
@@ -1588,6 +1591,11 @@ def test_settings_a_run_never_reads_are_named(tmp_path, data_dir, capsys):
            "parallelism=fsdp (one process: it applies under torchrun)\n" in capsys.readouterr().out
     train.main(tiny_config(data_dir, tmp_path / "b", compile=False, max_iters=1, optimizer="adamw"))
     assert "not used" not in capsys.readouterr().out
+    # nor does a resume say that training follows a changed rate it does not read
+    train.main(tiny_config(data_dir, tmp_path / "a", compile=False, max_iters=2, optimizer="adamw", muon_lr=0.07,
+                           init_from="resume"))
+    out = capsys.readouterr().out
+    assert "note: max_iters 1 -> 2 since the checkpoint" in out and "muon_lr 0.05" not in out, out
 
 
 def test_too_little_data_for_a_resumed_run_is_not_told_to_change_block_size(TrainConfig):
@@ -1659,7 +1667,8 @@ def test_help_shows_defaults_as_a_shell_takes_them_back():
     from configurator import as_typed, help_text
     from sample import SampleConfig
     flag = next(line.split()[0] for line in help_text(SampleConfig).splitlines() if line.startswith("  --start="))
-    for typed, value in ((flag, "--start=\n"), (f"--x={as_typed(chr(9) + 'it' + chr(39) + 's so')}", "--x=\tit's so")):
+    for typed, value in ((flag, "--start=\n"), (f"--x={as_typed(chr(9) + 'it' + chr(39) + 's so')}", "--x=\tit's so"),
+                         (f"--x={as_typed('é' + chr(10))}", "--x=é\n")):
         read = subprocess.run(["bash", "-c", f"printf %s {typed}"], capture_output=True, text=True, check=True).stdout
         assert read == value, (typed, read)
 
