@@ -215,11 +215,11 @@ def test_the_page_opens_on_the_layer_and_head_asked_for(checkpoint, browser, lau
     """--attention_layer and --attention_head choose the head a picture draws large, and the one a page opens on."""
     from selenium.webdriver.common.by import By
     tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=5",
-                                            "--attention_layer=1", "--attention_head=1")
+                                            "--attention_layer=0", "--attention_head=1")  # unequal: a swap shows
     chosen = browser.find_elements(By.CSS_SELECTOR, "#grid .chosen")
-    assert [(c.get_attribute("data-layer"), c.get_attribute("data-head")) for c in chosen] == [("1", "1")]
-    assert "layer 1, head 1" in browser.find_element(By.CSS_SELECTOR, "#panel h3").text
-    check_panel(browser, model, tokenizer.encode("".join(tokens)), 1, 1, len(PROMPT) - 1)  # before any click
+    assert [(c.get_attribute("data-layer"), c.get_attribute("data-head")) for c in chosen] == [("0", "1")]
+    assert "layer 0, head 1" in browser.find_element(By.CSS_SELECTOR, "#panel h3").text
+    check_panel(browser, model, tokenizer.encode("".join(tokens)), 0, 1, len(PROMPT) - 1)  # before any click
 
 
 def test_arrow_keys_move_along_the_text(checkpoint, browser, launch, tmp_path):
@@ -232,3 +232,6 @@ def test_arrow_keys_move_along_the_text(checkpoint, browser, launch, tmp_path):
     body.send_keys(Keys.ARROW_LEFT)
     query = browser.find_elements(By.CSS_SELECTOR, "#text .tok.query")
     assert [q.get_attribute("data-index") for q in query] == ["1"]
+    body.send_keys(Keys.ARROW_RIGHT)
+    query = browser.find_elements(By.CSS_SELECTOR, "#text .tok.query")
+    assert [q.get_attribute("data-index") for q in query] == ["2"]
