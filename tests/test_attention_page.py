@@ -235,3 +235,21 @@ def test_arrow_keys_move_along_the_text(checkpoint, browser, launch, tmp_path):
     body.send_keys(Keys.ARROW_RIGHT)
     query = browser.find_elements(By.CSS_SELECTOR, "#text .tok.query")
     assert [q.get_attribute("data-index") for q in query] == ["2"]
+
+
+def test_a_clicked_token_stays_chosen_while_the_pointer_moves_on(checkpoint, browser, launch, tmp_path):
+    """The panel is beside the text: the pointer on its way there crossed other tokens, which took the choice.
+    A click holds it; a second click on it lets go, and pointing chooses again."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=5")
+    tokens = browser.find_elements(By.CSS_SELECTOR, "#text .tok")
+
+    def chosen():
+        return [q.get_attribute("data-index") for q in browser.find_elements(By.CSS_SELECTOR, "#text .tok.query")]
+    tokens[3].click()
+    ActionChains(browser).move_to_element(tokens[8]).perform()
+    assert chosen() == ["3"]
+    tokens[3].click()
+    ActionChains(browser).move_to_element(tokens[8]).perform()
+    assert chosen() == ["8"]
