@@ -253,3 +253,24 @@ def test_a_clicked_token_stays_chosen_while_the_pointer_moves_on(checkpoint, bro
     tokens[3].click()
     ActionChains(browser).move_to_element(tokens[8]).perform()
     assert chosen() == ["8"]
+
+
+def test_the_grid_of_small_maps_draws_each_heads_own_weights(checkpoint, browser, launch, tmp_path):
+    """Each small map, row i column j, is shaded by the model's weight of token i on token j (the square root,
+    as the text is), blank above the diagonal and before the window; a map drawn transposed, or another
+    head's, differs."""
+    tokens, model, tokenizer, _ = open_page(browser, launch, checkpoint, tmp_path / "attn.html", "--max_new_tokens=5")
+    ids = tokenizer.encode("".join(tokens))
+    maps = browser.execute_script("""return [...document.querySelectorAll('#grid canvas')].map(c => [+c.dataset.layer,
+        +c.dataset.head, Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data.filter(
+        (_, k) => k % 4 === 0))])""")  # the red channel, row by row
+    T = len(ids)
+    assert len(maps) == model.config.n_layer * model.config.n_head and all(len(red) == T * T for *_, red in maps)
+    shade = torch.full((model.config.n_layer, model.config.n_head, T, T), 255.0)
+    for i in range(T):
+        first, numbers = expected(model, ids, i)
+        for layer, (_, weights, _, _) in enumerate(numbers):
+            shade[layer, :, i, first:i + 1] = 255 - (255 * weights.sqrt()).round()
+    for layer, head, red in maps:
+        drawn = torch.tensor(red, dtype=torch.float32).view(T, T)
+        assert (drawn - shade[layer, head]).abs().max() <= 2, (layer, head)  # half-precision weights, rounded
