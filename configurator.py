@@ -147,6 +147,8 @@ def convert(key, tp, value, from_text):
             raise ConfigError(f"{key} must be a finite number, got {value!r}")
     if ok and tp is int and not -2**63 <= int(value) < 2**63:  # torch's integers are 64-bit: an overflow later
         raise OutOfRange(f"{key}={value} does not fit in 64 bits; give a smaller number")
+    if ok and tp is str and "\0" in value:  # no path or name holds one: the OS refuses it later, nameless
+        raise ConfigError(f"{key} holds a NUL character ({value!r}); remove it")
     if ok:
         return tp(value)
     raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")

@@ -464,8 +464,8 @@ def peak_flops(device_type, dtype, reached=0.0):
         os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
         peaks = {**cached_cpu_peaks(), machine: cached[machine]}  # as read now: other runs' probes meanwhile stay
         atomic_write(CPU_PEAK_CACHE, lambda f: f.write(json.dumps(peaks).encode()))
-    except OSError:
-        pass  # an unwritable home only costs a re-measure next time
+    except OSError as e:  # an unwritable home only costs a re-measure next time: said, as a busy probe's is
+        return cached[machine], source + f", not cached ({CPU_PEAK_CACHE}: {e.strerror or e})"
     return cached[machine], source
 
 

@@ -1976,6 +1976,17 @@ def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_
     assert not (tmp_path / "home" / ".cache").exists()
 
 
+def test_a_cpu_peak_that_cannot_be_kept_says_so(tmp_path, monkeypatch):
+    """A cache folder that cannot be made (here under a file): every run measures again, and its MFU's source
+    says the peak was not cached, and why, as a busy probe's does."""
+    import hardware
+    (tmp_path / "home").write_text("")
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "home" / "peak.json"))
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
+    peak, source = hardware.peak_flops("cpu", torch.float32)
+    assert peak == 5e9 and f", not cached ({tmp_path / 'home' / 'peak.json'}: " in source, source  # the OS's why
+
+
 def test_two_runs_probing_at_once_both_keep_their_peaks(tmp_path, monkeypatch):
     """recipe.py --parallel starts runs together: one probes fp32 while another's bf16 peak is written; the file
     read before the probe would have written the bf16 peak away."""

@@ -1373,6 +1373,13 @@ def test_defaults_then_toml_then_cli(tmp_path, TrainConfig):
     assert load_config(TrainConfig, []) == defaults
 
 
+def test_a_setting_holding_a_nul_character_is_named(tmp_path, TrainConfig):
+    """No path or name holds a NUL: the OS refused it later with "embedded null byte", naming no setting."""
+    for argv in ([toml(tmp_path, 'out_dir = "a\\u0000b"\n')], ["--wandb_run_name=a\0b"]):
+        with pytest.raises(ConfigError, match=r"(out_dir|wandb_run_name) holds a NUL character"):
+            load_config(TrainConfig, argv)
+
+
 def test_toml_int_is_accepted_for_float(tmp_path, TrainConfig):
     cfg = load_config(TrainConfig, [toml(tmp_path, "learning_rate = 1\n")])
     assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
