@@ -16,7 +16,7 @@ from attention import MultiHeadAttention, check_backend
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.tokenizer import tokenizer_from_meta
 from helpers import assert_causal_weights, assert_dropout, backends_that_run_on_a_cpu, check_ok
-from model import GPT, MLP, GPTConfig, sample_next
+from model import GPT, MLP, GPTConfig, make_norm, sample_next
 from optim import configure_optimizers
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
@@ -1102,6 +1102,20 @@ def test_norm_setting_builds_that_norm_before_attention_mlp_and_head(norm, norm_
     norm_keys = [key for key in model.state_dict() if key.split(".")[-2].startswith("ln_")]
     assert len([key for key in norm_keys if key.endswith(".weight")]) == 5
     assert len([key for key in norm_keys if key.endswith(".bias")]) == (5 if norm == "layernorm" else 0)
+    unbiased = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32, norm=norm, bias=False))
+    assert [key for key in unbiased.state_dict() if key.endswith(".bias")] == []  # bias=False: the norms' too
+
+
+def test_rmsnorm_divides_by_the_root_mean_square_and_scales_by_its_gain():
+    """x / sqrt(mean(x^2) + eps) * g, eps the dtype's own: its class alone said nothing of its arithmetic (an
+    eps of 1e-2 swamps a residual stream of RMS ~0.02, as at initialisation)."""
+    torch.manual_seed(0)
+    norm = make_norm(GPTConfig(n_embd=8, n_head=1, norm="rmsnorm"))
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = 0.02 * torch.randn(3, 5, 8)
+    eps = torch.finfo(x.dtype).eps
+    torch.testing.assert_close(norm(x), x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * norm.weight)
 
 
 VARIANTS = {

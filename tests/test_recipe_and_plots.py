@@ -80,6 +80,10 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
                                              device_type="cpu")
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     assert muon.param_groups[0]["ns_dtype"] == torch.float32  # an fp32 run does not emulate bf16 matmuls
+    for device_type, dtype in (("cpu", torch.bfloat16), ("cuda", torch.float32)):  # bf16 where the step is, or a GPU
+        muon_here = configure_optimizers(model, "muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02,
+                                         device_type=device_type, dtype=dtype)[1]
+        assert muon_here.param_groups[0]["ns_dtype"] == torch.bfloat16, (device_type, dtype)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     in_adamw = {id(p) for g in adamw.param_groups for p in g["params"]}
     blocks_2d = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
