@@ -525,7 +525,7 @@ class BusyCheck:
             cause = f"another process is busy on these CPUs. {fix}"
         return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
                 f"{self.best_tokens_per_s:,.0f}; it used {cpus_used:.1f} of its {threads} threads' CPU time{waited}): "
-                f"{cause}")
+                + cause)
 
 
 def threads_text():
