@@ -323,6 +323,24 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_sample_draws_the_layer_and_head_it_is_asked_for_from_the_models_own_weights(monkeypatch):
+    """The picture's large panel is the layer and head sample.py was given (neither swapped nor left at 0),
+    and its maps are the model's weights over the prompt's tokens."""
+    import sample
+    from data.tokenizer import CharTokenizer
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=2, n_embd=16, bias=False)).eval()
+    tokenizer, drawn = CharTokenizer(TEXT), {}
+    monkeypatch.setattr(sample, "plot_attention", lambda *args: drawn.update(args=args))
+    ids = tokenizer.encode("ROMEO: light")
+    sample.draw_attention(model, tokenizer, ids, sample.SampleConfig(attention_map="a.png", attention_layer=2,
+                                                                      attention_head=1))
+    weights, tokens, path, layer, head = drawn["args"]
+    assert (path, layer, head) == ("a.png", 2, 1) and tokens == [tokenizer.token_text(i) for i in ids]
+    expected = model.attention_weights(torch.tensor([ids]))
+    assert len(weights) == 3 and all(torch.equal(w, e[0]) for w, e in zip(weights, expected))
+
+
 def test_zero_init_starts_every_block_as_the_identity():
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16, zero_init=True))
     projections = [p for name, p in model.named_parameters() if name.endswith("c_proj.weight")]
