@@ -83,6 +83,12 @@ def flash_attn_package(backend, q, dropout_p):
     return None
 
 
+def check_heads(n_embd, n_head):
+    """ValueError unless n_head heads split the n_embd channels evenly (each head gets n_embd // n_head)."""
+    if n_embd % n_head != 0:
+        raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+
+
 def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=None):
     """Raise ValueError, saying what to change, if `backend` is unknown or, when a device is given,
     cannot run on that device and dtype (with heads of head_size, where given). The one place a
@@ -99,9 +105,11 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
             raise ValueError(f"attention={backend!r} needs the flash-attn package's {backend.upper()}, which is not "
                              f"installed ({how}); use attention='flash' for PyTorch's kernel")
         if device_type != "cuda":
-            raise ValueError(f"attention={backend!r} runs only on CUDA GPUs; use attention='flash' or 'sdpa' on {device_type}")
+            raise ValueError(f"attention={backend!r} runs only on CUDA GPUs; use attention='flash' or 'sdpa' on "
+                             f"{device_type}")
         if dtype == torch.float32:
-            raise ValueError(f"attention={backend!r} needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
+            raise ValueError(f"attention={backend!r} needs float16 or bfloat16; set dtype=bfloat16 or use "
+                             "attention='sdpa'")
         if backend == "fa3" and dropout > 0:
             raise ValueError("attention='fa3' has no dropout; set dropout=0 or use attention='fa2'")
         if backend == "fa3" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != HOPPER:
@@ -113,7 +121,8 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
     if backend == "flash" and device_type == "cpu" and dropout > 0:
         raise ValueError("PyTorch's FlashAttention kernel on CPU has no dropout; set dropout=0 or use attention='sdpa'")
     if backend == "flash" and device_type == "cuda" and dtype == torch.float32:
-        raise ValueError("attention='flash' on CUDA needs float16 or bfloat16; set dtype=bfloat16 or use attention='sdpa'")
+        raise ValueError("attention='flash' on CUDA needs float16 or bfloat16; set dtype=bfloat16 or use "
+                         "attention='sdpa'")
 
 
 class KVCache:
@@ -147,8 +156,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, n_embd, n_head, dropout=0.0, bias=True, backend="manual", causal=True, qk_norm=False):
         super().__init__()
-        if n_embd % n_head != 0:
-            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+        check_heads(n_embd, n_head)
         check_backend(backend)
         self.n_head, self.dropout, self.backend, self.causal, self.qk_norm = n_head, dropout, backend, causal, qk_norm
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul

@@ -80,7 +80,8 @@ def save_checkpoint(state, path):
 def load_checkpoint(path):
     """Load a checkpoint written by save_checkpoint; ValueError with the file's name if it can't be."""
     if os.path.isdir(path):
-        raise ValueError(f"{path} is a directory, not a checkpoint; move it away, or pass --out_dir=DIR holding ckpt.pt")
+        raise ValueError(f"{path} is a directory, not a checkpoint; move it away, or pass --out_dir=DIR holding "
+                         "ckpt.pt")
     if os.path.islink(path) and not os.path.exists(path):
         raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist; point it at a checkpoint")
     if not os.path.isfile(path):

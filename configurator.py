@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import sys
+import textwrap
 import tokenize
 import tomllib
 import types
@@ -68,6 +69,13 @@ TYPE_CHECKS = {int: whole_number, bool: lambda v: isinstance(v, bool),
                float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def check_positive(config, *names):
+    """Each named setting is above 0 (a rate, a time): where 0 would mean nothing, unlike check_at_least(0)."""
+    for name in names:
+        if not getattr(config, name) > 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+
+
 def check_at_least(config, minimum, *names, meaning=""):
     """The range check every config's __post_init__ shares: each named setting is at least `minimum`
     (None, an optional setting left unset, passes). `meaning` says what the boundary value does, e.g.
@@ -85,7 +93,7 @@ def check_types(config):
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.type in TYPE_CHECKS and not TYPE_CHECKS[f.type](value):
-            raise ValueError(f"{f.name} must be {type_name(f.type)}, got {value!r}")
+            raise ValueError(f"{f.name} must be {f.type.__name__}, got {value!r}")
 
 
 def expand_home(config, *names):
@@ -100,7 +108,12 @@ def type_name(tp):
         return " | ".join(repr(c) for c in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(type_name(a) for a in typing.get_args(tp))
-    return "none" if tp is type(None) else tp.__name__
+    return {type(None): "none", bool: "true or false"}.get(tp, tp.__name__)
+
+
+def shown(value):
+    """A value a user gave, as they wrote it: TOML's booleans are true and false, not Python's True and False."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def convert(key, tp, value, from_text):
@@ -119,7 +132,7 @@ def convert(key, tp, value, from_text):
         except OutOfRange:
             raise
         except ConfigError:  # the wrong kind of value: say that none is a choice too
-            raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}") from None
+            raise ConfigError(f"{key} must be {type_name(tp)}, got {shown(value)}") from None
     if tp is bool:
         if not from_text:
             ok = isinstance(value, bool)
@@ -151,22 +164,30 @@ def convert(key, tp, value, from_text):
         raise ConfigError(f"{key} holds a NUL character ({value!r}); remove it")
     if ok:
         return tp(value)
-    raise ConfigError(f"{key} must be {type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{key} must be {type_name(tp)}, got {shown(value)}")
 
 
 def field_comments(cls):
     """{field: its trailing comment} for a dataclass and the dataclasses it extends (a subclass's own
-    comment wins): the comments in the source are the one description of each setting."""
+    comment wins): the comments in the source are the one description of each setting. A comment goes
+    on over the comment-only lines right below it that are indented past the field (a section's own
+    comment, at the fields' indentation, is not one)."""
     comments = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        source = inspect.getsource(klass)
+        source = textwrap.dedent(inspect.getsource(klass))  # a class defined inside a function is indented
+        lines = source.splitlines()
         on_line = {tok.start[0]: tok.string.lstrip("# ").strip()
                    for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
         for node in ast.parse(source).body[0].body:
             if isinstance(node, ast.AnnAssign) and node.lineno in on_line:
-                comments[node.target.id] = on_line[node.lineno]
+                text, row = [on_line[node.lineno]], node.end_lineno  # row: the next line's index in lines
+                while row < len(lines) and lines[row].lstrip().startswith("#") and \
+                        len(lines[row]) - len(lines[row].lstrip()) > node.col_offset:
+                    text.append(on_line[row + 1])
+                    row += 1
+                comments[node.target.id] = " ".join(text)
     return comments
 
 
@@ -239,7 +260,8 @@ def load_config(cls, argv):
                               "give a TOML file")
         if not os.path.isfile(path):
             here = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
-            raise ConfigError(f"config file {path!r} not found" + (f"; configs/ has: {', '.join(here)}" if here else ""))
+            listed = f"; configs/ has: {', '.join(here)}" if here else ""
+            raise ConfigError(f"config file {path!r} not found{listed}")
         try:
             with open(path, "rb") as f:
                 table = tomllib.load(f)

@@ -3,7 +3,8 @@ Writing a file so that a crash at any moment leaves the old file or the new one,
 checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
 out, before the work, whether a file can be written at all; reading a text file a user named, with
 errors that say which flag named it and what to give instead; reading back what torch.save wrote;
-and standard output whose reader may leave (`python train.py | head -3`) or whose disk fills up.
+and standard output whose reader may leave (`python train.py | head -3`) or whose disk fills up; and
+where a user's cache folder is (cache_home).
 """
 import contextlib
 import errno
@@ -12,6 +13,13 @@ import os
 import sys
 import tempfile
 import zipfile
+
+
+def cache_home():
+    """The user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it) to an absolute
+    path, as its specification asks, else ~/.cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
 
 
 def atomic_write(path, write):

@@ -16,9 +16,10 @@ import typing
 
 import torch
 
-from files import atomic_write
+from files import atomic_write, cache_home
 
-DType = typing.Literal["auto", "float32", "bfloat16", "float16"]  # the choices of every script's dtype setting
+TorchDType = typing.Literal["float32", "bfloat16", "float16"]  # the precisions a script may run in
+DType = typing.Literal["auto", TorchDType]  # the choices of every script's dtype setting
 
 
 def ran_out_of_memory(error):
@@ -44,6 +45,11 @@ def pick_device(name):
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={name!r} but MPS is not available here; use --device=cpu (or auto)")
     return name
+
+
+def device_type_of(device):
+    """The kind of device a name like "cuda:1" names: cuda, mps or cpu."""
+    return device.split(":")[0]
 
 
 def dtype_name(dtype):
@@ -134,7 +140,8 @@ def separate_cores(topology="/sys/devices/system/cpu"):
     here = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)  # macOS: all
     for cpu in sorted(here):
         try:
-            core = tuple(read_file(f"{topology}/cpu{cpu}/topology/{name}") for name in ("physical_package_id", "core_id"))
+            core = tuple(read_file(f"{topology}/cpu{cpu}/topology/{name}")
+                         for name in ("physical_package_id", "core_id"))
         except OSError:
             core = ("cpu", cpu)
         if core not in cores:
@@ -359,13 +366,6 @@ def gpu_datasheet_peaks(name):
 
 BUSY_WAIT = 0.25  # CPUs' worth of time a process's threads spend waiting for a CPU when others share its cores
 BUSY_SHARE = 0.75  # where the kernel does not tell waiting time: a smaller share of its threads' CPU time
-def cache_home():
-    """The user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it) to an absolute
-    path, as its specification asks, else ~/.cache."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-
-
 CPU_PEAK_CACHE = os.path.join(cache_home(), "gpt-from-scratch", "cpu_peak_flops.json")
 CPU_PEAK_RANGE = (1e8, 1e16)  # FLOP/s: a cached peak outside it is not one a CPU has (a hand edit, a damaged file)
 

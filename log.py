@@ -38,8 +38,8 @@ class TrainingLog:
         self.busy = BusyCheck(self.tokens_per_iter) if setup.device_type == "cpu" else None
         if setup.master:
             processes = f"{setup.world_size} process(es)" + (f" {cfg.parallelism}" if setup.distributed else "")
-            print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | dtype {dtype_name(setup.dtype)} | "
-                  f"attention {cfg.attention} | {threads_text()} | {processes} | "
+            print(f"{model.num_params() / 1e6:.2f}M parameters | device {setup.device} | "
+                  f"dtype {dtype_name(setup.dtype)} | attention {cfg.attention} | {threads_text()} | {processes} | "
                   f"{self.tokens_per_iter:,} tokens/iter" + (f" | MFU against {source}" if measure else ""))
 
     def open(self, iter_num, run_id):

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attention import Backend, KVCache, MultiHeadAttention, dropout
+from attention import Backend, KVCache, MultiHeadAttention, check_heads, dropout
 from configurator import check_at_least, check_types, first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
 from files import load_torch_file
@@ -53,8 +53,10 @@ class GPTConfig:
         fits = head_counts(self.n_embd, rope=self.pos_embedding == "rope")
         can = (f"n_head can be one of {', '.join(map(str, fits))}" if fits else
                "no n_head gives the even head size rope needs: give an even n_embd, or pos_embedding='learned'")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}; with this n_embd, {can}")
+        try:
+            check_heads(self.n_embd, self.n_head)
+        except ValueError as e:
+            raise ValueError(f"{e}; with this n_embd, {can}") from None
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         # every choice, from its Literal: the model branches on these names, and an unknown one (a typo,

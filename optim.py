@@ -3,8 +3,11 @@ How the weights learn: the optimizers (AdamW, and Muon for the blocks' matrices)
 learning-rate schedule that scales their rates, step by step.
 """
 import math
+from typing import Literal
 
 import torch
+
+Optimizer = Literal["adamw", "muon"]  # the one list of optimizer names
 
 
 def configure_optimizers(model, optimizer, learning_rate, weight_decay, betas, muon_lr, device_type,

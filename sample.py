@@ -25,8 +25,8 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckp
 from configurator import check_at_least, config_from_argv, expand_home, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
-from hardware import (DType, check_threads, make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory,
-                      set_up_cpu)
+from hardware import (DType, check_threads, device_type_of, make_current, memory_bytes, pick_device, pick_dtype,
+                      ran_out_of_memory, set_up_cpu)
 from model import GPT, RUNTIME_SETTINGS, check_init_from, check_sampling
 
 
@@ -47,7 +47,8 @@ UNREAD = {"samples": ("attention_layer", "attention_head"),
 class SampleConfig:
     out_dir: str = OUT_DIR  # where train.py wrote ckpt.pt
     init_from: str = "resume"  # resume (out_dir/ckpt.pt), or GPT-2 weights: gpt2, gpt2-xl, a local HF dir
-    start: str = "\n"  # the prompt (a newline unless given; in bash $'...' writes one: --start=$'ROMEO:\n'), or FILE:path
+    start: str = "\n"  # the prompt (a newline unless given; in bash $'...' writes one: --start=$'ROMEO:\n'),
+                       # or FILE:path
     num_samples: int = 2  # how many samples, drawn together as one batch
     max_new_tokens: Optional[int] = None  # tokens to write per sample (none: 500; an .html map: to the line end)
     temperature: float = 0.8  # 0 is greedy; below 1 sharpens, above 1 flattens the distribution
@@ -59,7 +60,8 @@ class SampleConfig:
     threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use
     attention: Optional[Backend] = None  # the attention backend to run the model with (none: as trained; a map: manual)
     use_kv_cache: bool = True  # false: recompute the whole context for every token (slower; the same tokens in fp32)
-    compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once, later ~10-25 s
+    compile: bool = False  # torch.compile the model for decoding: faster per token; compiles ~40-70 s once,
+                           # later ~10-25 s
     attention_map: str = ""  # a .png (or .pdf, .svg, .jpg) picture or an interactive .html page of the attention
     attention_layer: int = 0  # the layer drawn large in the attention map (a page: the one it opens on)
     attention_head: int = 0  # the head drawn large in the attention map (a page: the one it opens on)
@@ -113,7 +115,7 @@ def main(cfg):
         make_current(device)
         set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
-        dtype = pick_dtype(cfg.dtype, device.split(":")[0], training=False,
+        dtype = pick_dtype(cfg.dtype, device_type_of(device), training=False,
                            n_params=model.num_params(non_embedding=False))
         if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
             dtype = torch.float32
@@ -193,7 +195,7 @@ def check_fits(model, cfg, n_prompt, device, dtype):
     memory = memory_bytes(device)
     if memory is not None and needed > memory:
         raise ValueError(f"num_samples={cfg.num_samples} x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB "
-                         f"for their tokens and KV cache; this {device.split(':')[0]} has {memory / 2**30:,.0f} GiB: "
+                         f"for their tokens and KV cache; this {device_type_of(device)} has {memory / 2**30:,.0f} GiB: "
                          "ask for fewer --num_samples or --max_new_tokens")
 
 
@@ -268,7 +270,8 @@ def check_page_size(config, n_prompt, n_new):
     size = page_bytes(config, n_prompt + n_new)
     if size > PAGE_MAX_BYTES:
         raise ValueError(f"an attention page over {n_prompt + n_new:,} tokens ({n_prompt:,} of the prompt) would be "
-                         f"~{size / 2**20:,.0f} MiB, more than a browser opens well ({PAGE_MAX_BYTES / 2**20:,.0f} MiB): "
+                         f"~{size / 2**20:,.0f} MiB, more than a browser opens well "
+                         f"({PAGE_MAX_BYTES / 2**20:,.0f} MiB): "
                          "give a shorter prompt or fewer --max_new_tokens, or draw a picture of its last window (.png)")
 
 
@@ -277,7 +280,7 @@ def check_model_backend(model, cfg, device, dtype):
     (no --attention), the error says so and what to give instead."""
     c = model.config
     try:
-        check_backend(c.attention, device.split(":")[0], dtype, head_size=c.n_embd // c.n_head)
+        check_backend(c.attention, device_type_of(device), dtype, head_size=c.n_embd // c.n_head)
     except ValueError as e:
         if cfg.attention:
             raise

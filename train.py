@@ -34,17 +34,17 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, saved_ranks,
                         set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import check_at_least, config_from_argv, expand_home, fail, first_line, under_torchrun
+from configurator import check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, under_torchrun
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
-from hardware import (DType, autocast, check_threads, cpu_has_bf16, dtype_name, enable_tf32, make_current, memory_bytes,
-                      pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
+from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
+                      make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
 from files import OutputThatMayClose, check_stdout, same_folder
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
-from optim import Muon, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer
+from optim import Muon, Optimizer, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer
 
 EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
@@ -78,7 +78,7 @@ class TrainConfig(GPTConfig):
     batch_size: int = 32  # sequences per micro-batch, per process
     gradient_accumulation_steps: int = 0  # micro-batches per optimizer step, all processes together; 0: one per process
     # optimizer: linear warm-up, then cosine decay to min_lr, following the clock if max_seconds > 0
-    optimizer: Literal["adamw", "muon"] = "muon"  # muon: Muon for the blocks' matrices, AdamW for the rest
+    optimizer: Optimizer = "muon"  # muon: Muon for the blocks' matrices, AdamW for the rest
     learning_rate: float = 2e-3  # AdamW's peak rate; muon_lr and min_lr follow the same schedule
     muon_lr: float = 0.02  # Muon's peak rate
     max_iters: int = 1_000_000  # stop after this many iterations (the schedule's end only if max_seconds is 0)
@@ -93,8 +93,10 @@ class TrainConfig(GPTConfig):
     # system
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: DType = "auto"  # autocast precision; auto: bf16 where it pays, else fp16 on CUDA, fp32 on CPUs and MPS
-    threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on a busy machine)
-    compile: bool = True  # torch.compile the model (and Muon on a CPU) before training starts; cached on disk: later runs compile in seconds
+    threads: int = 0  # torch's CPU threads; 0: OMP_NUM_THREADS, else the CPUs this process may use (1 is best on
+                      # a busy machine)
+    compile: bool = True  # torch.compile the model (and Muon on a CPU) before training starts; cached on disk:
+                          # later runs compile in seconds
     parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2) the model
     seed: int = 1337  # for the weights, the batches and dropout
 
@@ -104,9 +106,7 @@ class TrainConfig(GPTConfig):
         check_at_least(self, 1, "batch_size", "eval_interval", "eval_iters", "log_interval")
         check_at_least(self, 0, "gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
                        "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip")
-        for name in ("learning_rate", "muon_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check_positive(self, "learning_rate", "muon_lr")
         if self.min_lr > self.learning_rate:
             raise ValueError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}, where the decay "
                              "starts; it must be at most that")
@@ -272,7 +272,7 @@ class Setup:
 
     def __post_init__(self):
         self.master = self.rank == 0  # rank 0 prints and writes
-        self.device_type = self.device.split(":")[0]
+        self.device_type = device_type_of(self.device)
         # checkpoints hold whole (unsharded) tensors, with or without FSDP
         self.state_options = StateDictOptions(full_state_dict=self.fsdp, cpu_offload=self.fsdp)
 
@@ -290,7 +290,7 @@ def set_up(cfg):
     make_current(device)  # first: dtype=auto and the attention backends ask the current GPU
     if device.startswith("cuda"):
         enable_tf32()
-    dtype = pick_dtype(cfg.dtype, device.split(":")[0])
+    dtype = pick_dtype(cfg.dtype, device_type_of(device))
     set_up_cpu(cfg.threads, processes_here)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon":
@@ -562,7 +562,8 @@ def wrap_model(cfg, setup, model, optimizers):
     """The model as the training step calls it: compiled if asked, and in DDP under torchrun."""
     wrapped = compile_model(model, cfg, setup, optimizers) if cfg.compile else model
     if setup.distributed and not setup.fsdp:
-        wrapped = DistributedDataParallel(wrapped, device_ids=[setup.local_rank] if setup.device_type == "cuda" else None)
+        device_ids = [setup.local_rank] if setup.device_type == "cuda" else None
+        wrapped = DistributedDataParallel(wrapped, device_ids=device_ids)
     return wrapped
 
 

@@ -33,23 +33,23 @@ skipped, not attempted, so the kernel's OOM killer never has to pick a process o
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json
 import math
 import subprocess
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 
 import attention as attn_mod
-from attention import BACKENDS, HOPPER, MultiHeadAttention, check_backend
+from attention import BACKENDS, HOPPER, MultiHeadAttention, check_backend, check_heads
 from bench.benchutil import (cuda_peak, fail, failure, fmt, holds_or_not, machine_info, md_table, out_path, parse,
                              print_machine, resolve_device, run, set_threads, split_list, summary, timed, write_json)
-from configurator import check_at_least
-from hardware import pick_threads, ran_out_of_memory
+from configurator import check_at_least, check_positive
+from hardware import TorchDType, device_type_of, pick_threads, ran_out_of_memory
 
 STATED_SHAPE = ("batch_size", "n_embd", "n_head", "dtype")  # the memory goal's, at their defaults
 CHECK_T = 4096  # the goal checked: fused peak memory <= 1/10 of manual at this T on CPU
@@ -63,7 +63,7 @@ class AttentionBench:
     batch_size: int = 1  # sequences per call
     n_embd: int = 128  # width of the input and output
     n_head: int = 4  # attention heads
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # dtype of the module and inputs (no autocast)
+    dtype: TorchDType = "float32"  # dtype of the module and inputs (no autocast)
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     repeats: int = 5  # interleaved timing rounds per T; the median is reported
     min_sample_s: float = 0.02  # each timing sample runs back-to-back calls until at least this long
@@ -76,10 +76,8 @@ class AttentionBench:
 
     def __post_init__(self):
         check_at_least(self, 1, "batch_size", "n_embd", "n_head", "repeats")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.time_budget <= 0:
-            raise ValueError(f"time_budget must be > 0, got {self.time_budget}")
+        check_heads(self.n_embd, self.n_head)
+        check_positive(self, "time_budget")
 
 
 def make_case(cfg, backend, T, device):
@@ -179,8 +177,9 @@ def child_point(cfg, backend, T):
     if avail is not None and need > 0.7 * avail:
         return {"status": "oom", "message": f"predicted ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available; "
                                             "not attempted"}
+    shape = ("batch_size", "n_embd", "n_head", "dtype", "device", "threads", "seed")
     argv = [sys.executable, os.path.abspath(__file__), f"--single={backend}:{T}"] + \
-           [f"--{k}={getattr(cfg, k)}" for k in ("batch_size", "n_embd", "n_head", "dtype", "device", "threads", "seed")]
+           [f"--{k}={getattr(cfg, k)}" for k in shape]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
     limit = 3 * cfg.time_budget + 120  # import of torch, building inputs, then one call
     try:
@@ -199,7 +198,7 @@ def child_point(cfg, backend, T):
 # ---- the sweep ----------------------------------------------------------------------------------
 
 def available_backends(cfg, device):
-    kind = device.split(":")[0]
+    kind = device_type_of(device)
     dtype = getattr(torch, cfg.dtype)
     if cfg.backends != "auto":
         return split_list(cfg.backends, "backends", allowed=BACKENDS)
@@ -241,7 +240,7 @@ def prepare_point(cfg, b, T, device):
     """(record, step function or None): backend b at length T measured for memory, warmed up and
     calibrated (calls per timing sample), ready for the interleaved timing; None when it failed or was
     over time_budget, which the record says. A failed case's tensors are freed when this returns."""
-    kind = device.split(":")[0]
+    kind = device_type_of(device)
     rec = {"status": "ok"}
     if cfg.memory and kind == "cpu" and not cpu_memory_point(cfg, b, T, rec):
         return rec, None
@@ -289,7 +288,7 @@ def time_interleaved(cfg, live, device, stopped, T):
 
 def sweep(cfg, device, backends, seq_lens):
     """{backend: {T: record}}: every backend at every T, until it fails or gets too slow."""
-    kind, dtype = device.split(":")[0], getattr(torch, cfg.dtype)
+    kind, dtype = device_type_of(device), getattr(torch, cfg.dtype)
     results = {b: {} for b in backends}  # backend -> T -> record
     stopped = {}  # backend -> why it stopped growing T
     for b in backends:
@@ -323,7 +322,7 @@ def main(cfg):
     if cfg.single:
         return single(cfg)
     device = resolve_device(cfg.device)
-    kind = device.split(":")[0]
+    kind = device_type_of(device)
     out = out_path(cfg.out, "attention", device)
     set_threads(cfg.threads)
     seq_lens = split_list(cfg.seq_lens, "seq_lens", int)
@@ -370,15 +369,15 @@ def ratio(results, b, ref, T, key):
 
 
 def report(cfg, device, info, backends, seq_lens, results, out):
-    kind = device.split(":")[0]
+    kind = device_type_of(device)
     others = [b for b in backends if b != "manual"] if "manual" in backends else []
     headers = ["T"] + [f"{b} ms" for b in backends] + [f"{b} MiB" for b in backends] + \
               [f"{b} speed-up" for b in others] + [f"{b} mem/manual" for b in others]
     rows = []
     for T in seq_lens:
         row = [T] + [cell_ms(results[b][T]) for b in backends] + [cell_mib(results[b][T]) for b in backends]
-        row += [fmt(ratio(results, b, "manual", T, "time"), ".2f") + ("x" if ratio(results, b, "manual", T, "time") else "")
-                for b in others]
+        speedups = [ratio(results, b, "manual", T, "time") for b in others]
+        row += [fmt(speedup, ".2f") + ("x" if speedup else "") for speedup in speedups]
         row += [fmt(ratio(results, b, "manual", T, "mem"), ".3f") for b in others]
         rows.append(row)
     print()

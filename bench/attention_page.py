@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import asdict, dataclass
 
@@ -39,9 +40,9 @@ STATED_TOKENS = {"default": 1000, "gpt2": 256}
 
 @dataclass
 class PageBench:
-    cases: str = "default,gpt2"  # which models, comma-separated: default, gpt2
-    default_tokens: int = 1000  # the text's length for train.py's default model
-    gpt2_tokens: int = 256  # the text's length for GPT-2 124M
+    cases: str = ",".join(CASES)  # which models, comma-separated: default, gpt2
+    default_tokens: int = STATED_TOKENS["default"]  # the text's length for train.py's default model
+    gpt2_tokens: int = STATED_TOKENS["gpt2"]  # the text's length for GPT-2 124M
     seed: int = 1337  # for the random weights and the text
     out: str = ""  # JSON path; "": bench/results/attention-page-cpu.json
 

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from configurator import ConfigError, fail, first_line, load_config
 from files import atomic_write, check_writable
-from hardware import cpu_class, make_current, pick_device, pick_dtype, set_up_cpu, usable_cpus
+from hardware import cpu_class, device_type_of, make_current, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -82,15 +82,11 @@ def resolve_dtype(name, device_type, training=True, n_params=0):
         fail(e)
 
 
-def device_slug(device):
-    return device.split(":")[0]
-
-
 def out_path(out, name, device):
     """Where a benchmark writes its JSON: out (its --out), or bench/results/<name>-<device>.json. Checked
     before the benchmark runs, so a path that cannot be written is one line rather than a traceback after
     minutes of measuring. Missing folders are fine: write_json makes them."""
-    path = out or os.path.join(RESULTS, f"{name}-{device_slug(device)}.json")
+    path = out or os.path.join(RESULTS, f"{name}-{device_type_of(device)}.json")
     folder = os.path.dirname(os.path.abspath(path))
     existing = folder
     while not os.path.isdir(existing):
@@ -131,7 +127,7 @@ def git_commit():
 
 def machine_info(device):
     """What the numbers were measured on; stored in every JSON and printed above every table."""
-    kind = device_slug(device)
+    kind = device_type_of(device)
     info = {
         "device": device,
         "device_name": torch.cuda.get_device_name(device) if kind == "cuda" else cpu_class(),

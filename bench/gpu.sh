@@ -66,7 +66,8 @@ step() {  # step NAME LIMIT_SECONDS command...
 if [ -n "${WHEELS:-}" ]; then
   SITE="$(mktemp -d)/site"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl \
-    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" && echo "installed $(ls "$WHEELS" | wc -l) wheels from $WHEELS"
+    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" \
+    && echo "installed $(ls "$WHEELS" | wc -l) wheels from $WHEELS"
 fi
 
 if [ "$DRY" = 1 ]; then
@@ -80,7 +81,8 @@ if [ "$DRY" = 1 ]; then
   PYTEST_ARGS=(-q -rs tests/test_devices.py tests/test_attention.py)
 else
   DEV="--device=cuda"
-  ATT_ARGS="--dtype=bfloat16 --seq_lens=128,256,512,1024,2048,4096,8192,16384 --batch_size=4 --n_embd=768 --n_head=12 --repeats=10"
+  ATT_ARGS="--dtype=bfloat16 --seq_lens=128,256,512,1024,2048,4096,8192,16384 --batch_size=4 --n_embd=768"
+  ATT_ARGS="$ATT_ARGS --n_head=12 --repeats=10"
   COMPILE_ARGS="configs/gpt2_124m.toml --batch_size=32 --repeats=10 --warmup=3 --variants=compile"
   ATTENTION_ARGS="configs/gpt2_124m.toml --batch_size=16 --repeats=10 --warmup=3"
   SAMPLE_ARGS="--repeats=5"
@@ -126,5 +128,7 @@ fi
 echo
 echo "=== summary ($((SECONDS - T0)) s in all; results in $RES)"
 printf '%s' "$SUMMARY"
-grep -h -E "^(\| (eager|compiled|manual|sdpa|flash|fa2|fa3|kv_cache|kv_cache_compiled|no_cache|nanogpt) |peak memory flash|\(median of [0-9]+ interleaved runs\)|requirement|greedy|[0-9]+ (passed|failed))" "$LOG" | sort -u
+ROWS="eager|compiled|manual|sdpa|flash|fa2|fa3|kv_cache|kv_cache_compiled|no_cache|nanogpt"
+LINES="peak memory flash|\(median of [0-9]+ interleaved runs\)|requirement|greedy|[0-9]+ (passed|failed)"
+grep -h -E "^(\| ($ROWS) |$LINES)" "$LOG" | sort -u
 exit 0

@@ -31,7 +31,8 @@ checkout whose train.py trained it (bench/checkpoint_losses.py, run there), not 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json
 import queue
@@ -51,7 +52,7 @@ import torch
 from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine, resolve_device,
                              run, split_list, write_json)
 from checkpoint import ckpt_path, load_checkpoint
-from configurator import ConfigError, check_at_least, load_config
+from configurator import ConfigError, check_at_least, check_positive, load_config
 from data.loader import Batches, open_split
 from hardware import check_threads, pick_device, separate_cores, usable_cpus
 from train import TrainConfig
@@ -65,13 +66,14 @@ RECIPE_SETS = {"seed": "--seeds", "max_seconds": "--max_seconds", "max_iters": "
 class RecipeBench:
     configs: str = "configs/nanogpt_cpu_reference.toml,default"  # comma-separated TOMLs; "default": no file
     base_repo: str = ""  # another checkout (a git worktree of an older commit): each config runs with its train.py too
-    max_seconds: float = 190.0  # training-time budget of every run (train.py --max_seconds)
+    max_seconds: float = TrainConfig.max_seconds  # training-time budget of every run (train.py --max_seconds)
     iterations: int = 0  # > 0: every run trains this many iterations instead, on the iteration schedule (equal work)
     seeds: str = "1337,1338,1339"  # comma-separated; one run per config per seed
     train_args: str = ""  # extra train.py flags for every run, e.g. "--compile=false"
     train_eval_iters: int = 10  # train.py's own final evaluation (not the one reported here)
     threads: int = 0  # OMP_NUM_THREADS for the runs; 0: leave unset
-    parallel: int = 1  # runs at once, each pinned to `threads` cores of its own: a many-core machine measuring a small one
+    parallel: int = 1  # runs at once, each pinned to `threads` cores of its own: a many-core machine measuring
+                       # a small one
     work_dir: str = ""  # where the out_dirs go; "": recipe-<time> in the temporary directory
     run_timeout: float = 0.0  # seconds before a run is killed; 0: 3 * max_seconds + 300 (none with iterations)
     eval_batches: int = 200  # fixed batches per split for the final evaluation
@@ -82,8 +84,7 @@ class RecipeBench:
     out: str = ""  # JSON path; "": bench/results/recipe-<device>.json
 
     def __post_init__(self):
-        if self.max_seconds <= 0:
-            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
+        check_positive(self, "max_seconds")
         check_at_least(self, 0, "iterations", meaning="0: a time budget")
         check_at_least(self, 1, "eval_batches", "eval_batch_size", "train_eval_iters", "parallel")
         check_at_least(self, 0, "eval_block_size", meaning="0: the smallest block_size among the runs")
@@ -91,7 +92,8 @@ class RecipeBench:
         check_at_least(self, 0, "threads", meaning="0: leave OMP_NUM_THREADS unset")
         check_threads(self.threads, "threads")  # what each run's train.py would refuse, said before any runs
         if self.parallel > 1 and self.threads == 0:
-            raise ValueError(f"parallel={self.parallel} needs --threads=N, the cores each run gets (2 for a 2-core CPU)")
+            raise ValueError(f"parallel={self.parallel} needs --threads=N, the cores each run gets (2 for a 2-core "
+                             "CPU)")
         if self.work_dir and os.path.exists(self.work_dir) and not os.path.isdir(self.work_dir):
             raise ValueError(f"work_dir={self.work_dir!r} is a file, not a folder; pick another path")
         try:
@@ -134,7 +136,8 @@ def cpu_sets(cfg, device):
         fail(f"parallel={cfg.parallel} x threads={cfg.threads} needs {cfg.parallel * cfg.threads} cores; this process "
              f"may use {len(cores)}; lower --parallel")
     if not shutil.which("taskset"):
-        fail("parallel > 1 pins each run to its CPUs with taskset, which is not installed (util-linux); use --parallel=1")
+        fail("parallel > 1 pins each run to its CPUs with taskset, which is not installed (util-linux); use "
+             "--parallel=1")
     return [cores[i * cfg.threads:(i + 1) * cfg.threads] for i in range(cfg.parallel)]
 
 
@@ -154,7 +157,8 @@ def run_train(cfg, config, seed, out_dir, cpus):
         log.write(" ".join(shlex.quote(a) for a in argv) + "\n")
         log.flush()
         try:
-            rc = subprocess.run(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+            rc = subprocess.run(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
             log.write(f"killed after run_timeout={timeout} s\n")
@@ -176,8 +180,8 @@ def fixed_batches(data, block_size, cfg, device):
 def spread(values):
     if not values:
         return {"n": 0}
-    return {"n": len(values), "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values)}
 
 
 def check_configs(cfg):
@@ -215,7 +219,8 @@ def check_configs(cfg):
             fail(f"{'the default config' if name == 'default' else name}: {e}")
     if cfg.base_repo:
         if not os.path.isfile(os.path.join(cfg.base_repo, "train.py")):
-            fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add /tmp/base HEAD~1`")
+            fail(f"base_repo={cfg.base_repo!r} holds no train.py; give a checkout, e.g. `git worktree add "
+                 "/tmp/base HEAD~1`")
         if os.path.samefile(cfg.base_repo, ROOT):
             fail(f"base_repo={cfg.base_repo!r} is this checkout: the base is another one, e.g. `git worktree add "
                  "/tmp/base HEAD~1`")
@@ -296,7 +301,8 @@ def evaluate_all(cfg, models, device):
     data_dirs = {os.path.normpath(os.path.join(ROOT, ckpt["config"]["data_dir"])) for _, ckpt in models}  # the base's
     # relative data_dir names the same corpus, prepared in its checkout
     if len(data_dirs) > 1:
-        fail(f"the runs trained on different data ({', '.join(sorted(data_dirs))}); their losses do not compare", status=1)
+        fail(f"the runs trained on different data ({', '.join(sorted(data_dirs))}); their losses do not compare",
+             status=1)
     data_dir = data_dirs.pop()
     block = cfg.eval_block_size or min(ckpt["model_config"]["block_size"] for _, ckpt in models)
     too_small = [r["label"] for r, ckpt in models if ckpt["model_config"]["block_size"] < block]
@@ -304,8 +310,8 @@ def evaluate_all(cfg, models, device):
         fail(f"eval_block_size={block} exceeds the block_size of {', '.join(too_small)}", status=1)
     val = fixed_batches(open_split(data_dir, "val"), block, cfg, device)
     train = fixed_batches(open_split(data_dir, "train"), block, cfg, device)
-    print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x {block} "
-          f"tokens per split ({data_dir}, seed {cfg.eval_seed})")
+    print(f"evaluating {len(models)} checkpoints on {cfg.eval_batches} fixed batches of {cfg.eval_batch_size} x "
+          f"{block} tokens per split ({data_dir}, seed {cfg.eval_seed})")
     with tempfile.TemporaryDirectory() as tmp:
         batches = os.path.join(tmp, "batches.pt")
         torch.save({"val": val, "train": train}, batches)
@@ -356,7 +362,8 @@ def summarise(configs, runs):
     print()
     print(md_table(["config", "runs", "val mean", "val std", "val min-max", "train mean", "gap mean", "iterations mean",
                     "ms/iter mean"],
-                   [[name, s["val_loss"]["n"], fmt(s["val_loss"].get("mean"), ".4f"), fmt(s["val_loss"].get("std"), ".4f"),
+                   [[name, s["val_loss"]["n"], fmt(s["val_loss"].get("mean"), ".4f"),
+                     fmt(s["val_loss"].get("std"), ".4f"),
                      f"{fmt(s['val_loss'].get('min'), '.4f')}-{fmt(s['val_loss'].get('max'), '.4f')}",
                      fmt(s["train_loss"].get("mean"), ".4f"), fmt(s["gap"].get("mean"), ".4f"),
                      fmt(s["iterations"].get("mean"), ".0f"), fmt(s["ms_per_iter"].get("mean"))]
@@ -396,7 +403,8 @@ def main(cfg):
     sets = cpu_sets(cfg, device)
     out = out_path(cfg.out, "recipe", device)
     # absolute: each run starts in the checkout whose train.py it runs
-    work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{time.strftime('%Y%m%d-%H%M%S')}"))
+    started = time.strftime("%Y%m%d-%H%M%S")
+    work = os.path.abspath(cfg.work_dir or os.path.join(tempfile.gettempdir(), f"recipe-{started}"))
     try:
         os.makedirs(work, exist_ok=True)
     except OSError as e:

@@ -47,7 +47,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Optional
@@ -63,7 +64,7 @@ from checkpoint import ckpt_path, load_checkpoint, model_from_checkpoint
 from configurator import check_at_least, first_line
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
-from hardware import DType, dtype_name
+from hardware import DType, device_type_of, dtype_name
 from model import GPT, check_sampling
 from sample import compile_for_decoding
 from train import TrainConfig, model_config
@@ -115,8 +116,8 @@ class SampleBench:
             raise ValueError("reference=transformers runs GPT-2's architecture on random weights; a checkpoint's "
                              "model is another (drop --out_dir)")
         if self.reference == "transformers" and self.temperature:  # its path decodes greedily: the same work, tokens
-            raise ValueError(f"reference=transformers compares greedy decoding (temperature=0), the same tokens on both "
-                             f"sides; temperature={self.temperature} would time sampling against it")
+            raise ValueError("reference=transformers compares greedy decoding (temperature=0), the same tokens on "
+                             f"both sides; temperature={self.temperature} would time sampling against it")
         check_at_least(self, 1, "max_new_tokens", "prompt_len", "repeats", *SHAPE, "block_size")
         check_at_least(self, 0, "profile", "warmup_tokens")
         check_sampling(self.temperature, top_k=None, top_p=None)
@@ -314,7 +315,7 @@ def build_paths(cfg, device, device_type):
 
 def main(cfg):
     device = resolve_device(cfg.device)
-    device_type = device.split(":")[0]
+    device_type = device_type_of(device)
     out = out_path(cfg.out, "sample" if cfg.reference == "nanogpt" else "sample-transformers", device)
     set_threads(cfg.threads)
     if cfg.profile:

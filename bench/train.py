@@ -15,8 +15,8 @@ weights and see the same batches.
 
 Time: every variant is built first; compiled ones are compiled as train.py compiles them (on a batch
 of zeros, before the first step: building and compiling are reported as "compile s"); each takes a
-first step, timed apart, and runs `warmup` untimed steps; then `repeats` rounds each time one sample of every variant in turn
-(A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
+first step, timed apart, and runs `warmup` untimed steps; then `repeats` rounds each time one sample of every
+variant in turn (A B C A B C ...), and the median sample is reported, so load on a shared machine hits them alike.
 Tokens/s = batch_size * block_size * grad_accum / median step time. MFU = model.flops_per_token()
 * tokens/s / hardware.peak_flops(device, the variant's dtype): a datasheet number on a GPU, a measured
 matmul peak on a CPU (so CPU MFU is relative to what torch's matmul reaches there).
@@ -26,7 +26,8 @@ i.e. activations, gradients and temporaries, not the weights or optimizer state 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import contextlib
 import io
@@ -37,7 +38,7 @@ import tempfile
 import time
 import typing
 from dataclasses import asdict, dataclass, replace
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -51,8 +52,9 @@ from configurator import ConfigError, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
-from hardware import DType, dtype_name, enable_tf32, peak_flops, pick_dtype
+from hardware import DType, device_type_of, dtype_name, enable_tf32, peak_flops, pick_dtype
 from model import GPT, Activation
+from optim import Optimizer
 from train import TrainConfig, model_config, with_machine_width
 
 AXES = ("compile", "dtype", "attention", "optimizer", "activation")
@@ -74,7 +76,9 @@ class TrainBench:
     block_size: Optional[int] = None  # tokens per sequence; none: from the config
     batch_size: Optional[int] = None  # sequences per micro-batch; none: from the config
     grad_accum: int = 1  # micro-batches per optimizer step (the config's gradient_accumulation_steps is ignored)
-    variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer,activation; auto: dtype,attention on CPU, those and compile on CUDA; none: the base only; execution: nanoGPT's way of running a step vs this repo's defaults
+    variants: str = "auto"  # axes compared, from compile,dtype,attention,optimizer,activation; auto:
+                            # dtype,attention on CPU, those and compile on CUDA; none: the base only; execution:
+                            # nanoGPT's way of running a step vs this repo's defaults
     attentions: str = "manual,sdpa,flash"  # the attention axis' values
     dtypes: str = "float32,bfloat16"  # the dtype axis' values
     optimizers: str = "adamw,muon"  # the optimizer axis' values
@@ -82,7 +86,7 @@ class TrainBench:
     compile: Optional[bool] = None  # base value where compile is not compared; none: the config's
     dtype: Optional[DType] = None  # base value; none: the config's
     attention: Optional[Backend] = None  # base value; none: the config's
-    optimizer: Optional[Literal["adamw", "muon"]] = None  # base value; none: the config's
+    optimizer: Optional[Optimizer] = None  # base value; none: the config's
     activation: Optional[Activation] = None  # base value; none: the config's
     vocab_size: int = 0  # 0: the config's vocab_size, else its data_dir's meta.json if it exists, else GPT-2's 50257
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
@@ -91,9 +95,12 @@ class TrainBench:
     steps_per_sample: int = 1  # optimizer steps per timing sample (with --loop: as many as the loop's)
     threads: int = 0  # torch threads; 0: the CPUs this process may use (or OMP_NUM_THREADS)
     seed: int = 1337  # for the weights (the same in every variant) and the random batches
-    loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations, against as many steps alone
-    profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops and compiled kernels
-    matmuls: bool = False  # then time the matrix multiplies of each variant's step: inside the step (profiled), and each alone (the same shapes, strides, dtypes)
+    loop: int = 0  # > 0: in every round also time train.py's own loop (train.train) over this many iterations,
+                   # against as many steps alone
+    profile: int = 0  # > 0: then profile this many steps of each variant: time per phase and the costliest ops
+                      # and compiled kernels
+    matmuls: bool = False  # then time the matrix multiplies of each variant's step: inside the step (profiled),
+                           # and each alone (the same shapes, strides, dtypes)
     out: str = ""  # JSON path; "": bench/results/train-<device>.json
 
     def __post_init__(self):
@@ -159,17 +166,14 @@ def variant_list(cfg, tcfg, device_type):
             "attention": cfg.attention or tcfg.attention,
             "optimizer": cfg.optimizer or tcfg.optimizer,
             "activation": cfg.activation or tcfg.activation}
-    values = {"compile": [False, True] if "compile" in axes else [base["compile"]],
+    listed = {"compile": [False, True],  # each list checked, whether or not its axis is compared
               "dtype": [resolved_dtype_name(d, device_type)
-                        for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))]
-              if "dtype" in axes else [base["dtype"]],
-              "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS)
-              if "attention" in axes else [base["attention"]],
-              "optimizer": split_list(cfg.optimizers, "optimizers", allowed=("adamw", "muon"))
-              if "optimizer" in axes else [base["optimizer"]],
-              "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))
-              if "activation" in axes else [base["activation"]]}
-    return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
+                        for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))],
+              "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS),
+              "optimizer": split_list(cfg.optimizers, "optimizers", allowed=typing.get_args(Optimizer)),
+              "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))}
+    values = [listed[axis] if axis in axes else [base[axis]] for axis in AXES]
+    return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*values)]
 
 
 def resolved_dtype_name(dtype, device_type):
@@ -190,7 +194,7 @@ class Variant:
     this variant's settings on one process."""
 
     def __init__(self, spec, tcfg, vocab, device, tokens, grad_accum, seed, out_dir):
-        device_type = device.split(":")[0]
+        device_type = device_type_of(device)
         self.dtype = pick_dtype(spec["dtype"], device_type)  # ValueError if unsupported here
         check_backend(spec["attention"], device_type, self.dtype, tcfg.dropout)
         # as a run of train.py with these settings, whose loop (time_loop) evaluates and saves only at its end
@@ -256,7 +260,7 @@ def prepare_variant(cfg, spec, rec, tcfg, vocab, device, tokens, out_dir):
     """The Variant of spec, built, compiled (as train.py compiles, before its first step) and warmed
     up, its first numbers in rec; None if it cannot run here or failed (rec says why), its tensors
     freed by then."""
-    device_type = device.split(":")[0]
+    device_type = device_type_of(device)
     started = time.perf_counter()
     try:
         v = Variant(spec, tcfg, vocab, device, tokens, cfg.grad_accum, cfg.seed, out_dir)
@@ -314,7 +318,7 @@ def time_variants(cfg, variants, device, tokens_per_step):
                                                      zip(loops[id(rec)], samples[id(rec)])) - 1
         flops = rec["flops_per_token"] * rec["tokens_per_s"]
         if rec["peak_flops"] and flops > rec["peak_flops"]:  # the probe was low: it is raised, MFU stays <= 100%
-            rec["peak_flops"] = peak_flops(device.split(":")[0], v.dtype, reached=flops)[0]
+            rec["peak_flops"] = peak_flops(device_type_of(device), v.dtype, reached=flops)[0]
     peaks = {}  # one peak per dtype in a table: a variant that raised it raised it for the others too
     for v, rec in variants:
         if rec["status"] == "ok" and rec["peak_flops"]:
@@ -349,8 +353,9 @@ def profile_variants(cfg, variants, device):
         if faults is not None:
             print(f"without the profiler, per step: {faults / cfg.profile:,.0f} page faults, "
                   f"{kernel_s * 1e3 / cfg.profile:.1f} ms of CPU time in the kernel")
+        ops = rec["profile"]["top_ops_ms"].items()
         print(md_table(["op (self time)", "ms/step", "share"],
-                       [[k, f"{ms:.2f}", f"{ms / (wall * 1e3):.1%}"] for k, ms in rec["profile"]["top_ops_ms"].items()]))
+                       [[k, f"{ms:.2f}", f"{ms / (wall * 1e3):.1%}"] for k, ms in ops]))
 
 
 # the matrix multiplies a step calls, as the profiler names them, and how many of their arguments are tensors
@@ -437,15 +442,16 @@ def print_table(cfg, rows):
             continue
         t = rec["step_time"]
         table.append([rec["name"], fmt(t["median"] * 1e3, ".1f"), f"{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}",
-                      f"{rec['tokens_per_s']:,.0f}", fmt(rec["mfu"] and rec["mfu"] * 100, ".1f") + ("%" if rec["mfu"] else ""),
+                      f"{rec['tokens_per_s']:,.0f}",
+                      fmt(rec["mfu"] and rec["mfu"] * 100, ".1f") + ("%" if rec["mfu"] else ""),
                       f"{rec['tokens_per_s'] / base['tokens_per_s']:.2f}x", fmt(rec.get("compile_seconds"), ".1f"),
                       fmt(rec.get("peak_step_bytes") and rec["peak_step_bytes"] / 2**20, ".0f")])
         if cfg.loop:
             table[-1] += [f"{rec['loop_time']['median'] * 1e3:.1f}", f"{rec['loop_overhead']:+.1%}"]
     print()
     print(md_table(headers, table))
-    print(f"(median of {cfg.repeats} interleaved samples of {cfg.loop or cfg.steps_per_sample} step(s) after {cfg.warmup} warm-up "
-          f"steps; 'vs first' = tokens/s over {base['name']}'s, the first variant that ran; "
+    print(f"(median of {cfg.repeats} interleaved samples of {cfg.loop or cfg.steps_per_sample} step(s) after "
+          f"{cfg.warmup} warm-up steps; 'vs first' = tokens/s over {base['name']}'s, the first variant that ran; "
           + (f"train.py ms/iter: its loop over {cfg.loop} iterations per round, as its clock counts them; "
              "loop overhead: the median over rounds of the loop's time over the steps' in the same round, minus 1; "
              if cfg.loop else "") + "MFU against "
@@ -457,7 +463,7 @@ def print_table(cfg, rows):
 
 def main(cfg):
     device = resolve_device(cfg.device)
-    device_type = device.split(":")[0]
+    device_type = device_type_of(device)
     out = out_path(cfg.out, "train", device)
     set_threads(cfg.threads)
     tcfg = with_machine_width(train_config(cfg), device_type)  # the model train.py trains here

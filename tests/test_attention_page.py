@@ -18,7 +18,8 @@ from model import GPT, GPTConfig
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER and importlib.util.find_spec("selenium")),
-                                reason="needs chromium, chromium-driver (apt) and selenium (pip); .ci/run installs them")
+                                reason="needs chromium, chromium-driver (apt) and selenium (pip); "
+                                       ".ci/run installs them")
 BLOCK = 32
 HALF = 2 ** -11  # float16's relative rounding: the page keeps scores in half precision
 PROMPT = "First Citizen:"
@@ -128,7 +129,8 @@ def check_panel(browser, model, ids, layer, head, query):
     shown = 0.0
     for j in range(first, query + 1):
         row, n = rows[j], j - first
-        assert abs(float(row["score"]) - scores[n].item()) <= three_digits(scores[n].item()), (layer, head, query, j, row)
+        assert abs(float(row["score"]) - scores[n].item()) <= three_digits(scores[n].item()), \
+            (layer, head, query, j, row)
         assert abs(float(row["scaled"]) - scaled[n]) <= three_digits(scaled[n]), (layer, head, query, j, row)
         assert abs(float(row["weight"]) - weights[n].item()) <= weight_tolerance(weights[n].item(), scaled), row
         assert abs(float(row["share"].rstrip("%")) / 100 - shares[n].item()) <= 0.005 + 0.5 / 255 + 1e-6, row

@@ -51,7 +51,8 @@ def test_a_failure_in_a_result_is_one_line_that_never_repeats_its_type():
     from bench.benchutil import failure
     assert failure(AssertionError()) == "AssertionError"
     assert failure(AssertionError(), " while timing") == "AssertionError while timing"
-    assert failure(RuntimeError("no C++ compiler\nmore"), " while timing") == "RuntimeError while timing: no C++ compiler"
+    assert failure(RuntimeError("no C++ compiler\nmore"), " while timing") == \
+        "RuntimeError while timing: no C++ compiler"
 
 
 @pytest.mark.parametrize("device, waited_for", [("cuda:0", "cuda"), ("mps", "mps"), ("cpu", None)])
@@ -220,7 +221,8 @@ def test_train_bench_replays_every_matrix_multiply_of_a_step(launch, tmp_path):
     m = result["variants"][0]["matmuls"]
     from train import TrainConfig
     R = TrainConfig().mlp_ratio  # the MLP's hidden width, in multiples of C
-    linear = 2 * B * T * (L * (4 + 2 * R) * C * C + V * C)  # c_attn 3C x C, c_proj C x C, the MLP's two RC x C; the head
+    # c_attn 3C x C, c_proj C x C, the MLP's two RC x C; the head
+    linear = 2 * B * T * (L * (4 + 2 * R) * C * C + V * C)
     attention = L * 4 * B * T * T * C  # scores q·kᵀ and weights·v, every head
     r, ks = C, (3 * C, C, R * C, R * C)  # Muon: each shape's L matrices as (r, k), r <= k
     newton_schulz = 5 * sum(L * (4 * r * r * k + 2 * r ** 3) for k in ks)  # 5 steps: x xᵀ, its square, times x
@@ -327,7 +329,8 @@ def test_recipe_bench_runs_a_base_checkouts_train_py_beside_this_one_and_scores_
     assert runs == [("base-default", 0, 3), ("default", 0, 3)]
     assert result["machine"]["torch_threads"] == 2  # the runs' threads, not this (one-thread) process's
     assert all(run["train_config"]["max_seconds"] == 0 for run in result["runs"]), "the schedule counts iterations"
-    logs = {label: (tmp_path / "runs" / f"{label}-seed1" / "train.log").read_text() for label in ("base-default", "default")}
+    logs = {label: (tmp_path / "runs" / f"{label}-seed1" / "train.log").read_text()
+            for label in ("base-default", "default")}
     assert "the base checkout" in logs["base-default"] and "the base checkout" not in logs["default"]
     for label, summary in result["summary"].items():
         assert summary["ms_per_iter"]["mean"] > 0 and summary["val_loss"]["n"] == 1, label
@@ -477,7 +480,8 @@ def test_sample_bench_where_torch_compile_cannot_build_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "bench/sample.py", "--compile=true", "--max_new_tokens=8", "--repeats=1",
                            "--threads=1", "--n_layer=1", "--n_head=1", "--n_embd=16",  # less to trace before it fails
                            f"--out={tmp_path / 'x.json'}"], cwd=ROOT, capture_output=True, text=True,
-                          env={**{k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"}, "CXX": "/nonexistent/g++",
+                          env={**{k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"},
+                               "CXX": "/nonexistent/g++",
                                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")},
                           timeout=300)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
@@ -501,7 +505,8 @@ def test_separate_cores_takes_one_cpu_of_each_core(monkeypatch, tmp_path):
 
 
 def test_attention_page_bench_writes_pages_and_weighs_them(launch, tmp_path):
-    check_ok(launch("bench/attention_page.py", "--cases=default", "--default_tokens=100", f"--out={tmp_path / 'p.json'}"))
+    check_ok(launch("bench/attention_page.py", "--cases=default", "--default_tokens=100",
+                    f"--out={tmp_path / 'p.json'}"))
     result = json.loads((tmp_path / "p.json").read_text())
     page = result["results"]["default"]
     assert page["tokens"] == 100 and page["block_size"] == 64 and 0 < page["mb"] < 5, page
@@ -519,8 +524,20 @@ def test_bench_help_describes_every_setting(launch, script):
         assert "[train_config.toml] [--key=value ...]" in out.splitlines()[0] and "A TOML file" not in out, out
 
 
+def test_the_checkpoint_scorer_says_what_it_takes(launch):
+    """bench/checkpoint_losses.py, which recipe.py runs inside another checkout: --help is its docstring, and a
+    wrong command line one line, not a traceback (it was a TypeError from main's arguments)."""
+    assert check_ok(launch("bench/checkpoint_losses.py", "--help")).stdout.startswith("The mean loss of trained")
+    for args in ([], ["out.json", "batches.pt", "two", "cpu", "ckpt.pt"]):
+        wrong = launch("bench/checkpoint_losses.py", *args)
+        assert wrong.returncode == 2 and wrong.stderr == (
+            "error: bench/checkpoint_losses.py takes OUT.json BATCHES.pt THREADS DEVICE CKPT.pt ..., THREADS a whole "
+            "number (0: torch's own); bench/recipe.py runs it\n"), wrong.stderr
+
+
 @pytest.mark.parametrize("script, flag, says", [
     ("bench/train.py", "--seed=-1", "seed must be in [0, 2**32), got -1"),
+    ("bench/train.py", "--optimizers=sgd", "optimizers: 'sgd' is not one of adamw, muon"),  # an axis not compared too
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
     ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
     ("bench/recipe.py", "--train_args=--help", "train_args cannot ask for --help"),
@@ -534,15 +551,18 @@ def test_bench_help_describes_every_setting(launch, script):
     ("bench/recipe.py", "--threads=-4", "threads must be at least 0"),
     ("bench/recipe.py", "--parallel=0", "parallel must be at least 1, got 0"),
     # train.py takes a flag's last value: these had trained every "seed" with seed 7, or each run in one out_dir
-    ("bench/recipe.py", "--train_args=--seed=7", "train_args sets seed, which recipe.py sets for each run; use --seeds"),
+    ("bench/recipe.py", "--train_args=--seed=7",
+     "train_args sets seed, which recipe.py sets for each run; use --seeds"),
     ("bench/recipe.py", "--train_args=--out_dir=x", "train_args sets out_dir, which recipe.py sets for each run; use "
                                                     "--work_dir"),
     # known from the settings: refused before minutes of training, not after
-    ("bench/recipe.py", "--configs=default --eval_block_size=65", "eval_block_size=65 exceeds the block_size of default"),
+    ("bench/recipe.py", "--configs=default --eval_block_size=65",
+     "eval_block_size=65 exceeds the block_size of default"),
     ("bench/recipe.py", "--configs=default,configs/finetune_gpt2_shakespeare.toml",
      "the configs train on different data"),
     ("bench/recipe.py", "--parallel=2", "parallel=2 needs --threads=N, the cores each run gets"),
-    ("bench/recipe.py", "--parallel=100000 --threads=1", "parallel=100000 x threads=1 needs 100000 cores; this process"),
+    ("bench/recipe.py", "--parallel=100000 --threads=1",
+     "parallel=100000 x threads=1 needs 100000 cores; this process"),
     ("bench/recipe.py", "--threads=100000", "threads=100000 is far more than the"),  # every run's train.py's refusal
     ("bench/recipe.py", "--work_dir=bench/README.md", "work_dir='bench/README.md' is a file, not a folder"),
     ("bench/recipe.py", "--work_dir=/proc/no_such_folder", "work_dir='/proc/no_such_folder' cannot be made"),
@@ -622,7 +642,8 @@ def test_recipe_bench_runs_a_config_given_relative_to_where_it_was_started(tmp_p
     assert proc.returncode == 0, proc.stderr
     runs = json.loads((tmp_path / "r.json").read_text())["runs"]
     assert [r["returncode"] for r in runs] == [0], runs
-    assert re.search(r"^train: tiny seed 1 -> \S+ \.\.\. ok \([\d.]+ s\)$", proc.stdout, re.M), proc.stdout  # one line each
+    # one line each
+    assert re.search(r"^train: tiny seed 1 -> \S+ \.\.\. ok \([\d.]+ s\)$", proc.stdout, re.M), proc.stdout
     assert (tmp_path / "work").is_dir() and not Path(ROOT, "work").exists()
     log = (tmp_path / "work" / "tiny-seed1" / "train.log").read_text()
     again = subprocess.run(proc.args, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
@@ -704,7 +725,8 @@ def test_results_files_name_no_directory_of_the_machine(tmp_path):
     from bench.benchutil import write_json
     out = tmp_path / "r.json"
     write_json(str(out), {"config": {"base_repo": str(tmp_path / "base"), "out": str(out),
-                                     "configs": f"default,{os.path.join(ROOT, 'configs', 'x.toml')},{tmp_path / 'y.toml'}",
+                                     "configs": f"default,{os.path.join(ROOT, 'configs', 'x.toml')},"
+                                                f"{tmp_path / 'y.toml'}",
                                      "seeds": "1,2"},
                           "runs": [{"out_dir": str(tmp_path / "runs" / "a")}]})
     text = out.read_text()

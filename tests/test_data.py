@@ -303,7 +303,8 @@ def test_prepare_bpe_files(tmp_path, doc_files):
     ids = tokens(out)
     assert {k: v for k, v in meta.items() if k != "splits"} == {"tokenizer": "gpt2", "vocab_size": 50257}
     assert meta["splits"] == {"train": {"tokens": int(0.9 * len(ids)), "largest_id": max(ids[:int(0.9 * len(ids))])},
-                              "val": {"tokens": len(ids) - int(0.9 * len(ids)), "largest_id": max(ids[int(0.9 * len(ids)):])}}
+                              "val": {"tokens": len(ids) - int(0.9 * len(ids)),
+                                      "largest_id": max(ids[int(0.9 * len(ids)):])}}
     assert GPT2Tokenizer().decode(ids) == "<|endoftext|>".join(DOCS)
     assert ids.count(50256) == len(DOCS) - 1
     n = len(ids)
@@ -427,8 +428,9 @@ def test_a_folder_nanogpt_prepared_is_named_as_such(tmp_path, monkeypatch):
     for name in ("train.bin", "val.bin", "meta.pkl"):
         (tmp_path / "data" / "openwebtext" / name).write_bytes(b"")
     with pytest.raises(ValueError, match=r"^no meta.json in data/openwebtext: it was prepared by nanoGPT \(its "
-                                         r"meta.pkl\), whose files this code does not read; run `python data/prepare.py "
-                                         r"--dataset=Skylion007/openwebtext --out_dir=data/openwebtext`$"):
+                                         r"meta.pkl\), whose files this code does not read; run "
+                                         r"`python data/prepare.py --dataset=Skylion007/openwebtext "
+                                         r"--out_dir=data/openwebtext`$"):
         load_meta("data/openwebtext")
 
 
@@ -711,7 +713,8 @@ def test_a_really_full_disk_while_writing_is_one_line_that_says_so(tmp_path, run
     try:
         words = [f"word{i} " for i in range(40_000)]  # ~0.3 MB of text, > 64 KB of tokens either way
         (tmp_path / "a.txt").write_text("".join(words))
-        status, _, err = run_main("--input=a.txt", f"--tokenizer={tokenizer}", f"--out_dir={disk / 'out'}", cwd=tmp_path)
+        status, _, err = run_main("--input=a.txt", f"--tokenizer={tokenizer}", f"--out_dir={disk / 'out'}",
+                                  cwd=tmp_path)
         assert_one_error_line(status, err, f"cannot write the token files in {disk / 'out'}: No space left on device; "
                                            "free some space there, or prepare the data elsewhere")
         assert os.listdir(disk) == []  # the folder it made is gone again
@@ -968,3 +971,18 @@ def test_a_killed_preparation_leaves_no_lasting_temporary_files(tmp_path):
         open(path, "wb").close()
     prepare_char("abcdefghij" * 10, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == sorted(["meta.json", "train.bin", "val.bin", os.path.basename(alive)])
+
+
+def test_a_temporary_file_of_another_users_live_process_is_kept(tmp_path, monkeypatch):
+    """Signal 0 to another user's process is refused (PermissionError), and that process is alive: the
+    temporary file it writes stays."""
+    import files
+
+    def refused(pid, signum):
+        raise PermissionError(1, "Operation not permitted")
+
+    others = files.temporary_path(str(tmp_path / "train.bin"), 4242)
+    open(others, "wb").close()
+    monkeypatch.setattr(files.os, "kill", refused)
+    files.clear_stale_temporaries(str(tmp_path / "train.bin"))
+    assert os.path.exists(others)

@@ -17,8 +17,8 @@ from helpers import rank_weights, torchrun
 from model import GPT, GPTConfig
 
 # 3 evaluation batches, which do not divide among 2 ranks
-TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
-        "--batch_size=4", "--max_iters=4", "--eval_interval=4",
+TINY = ["--device=cpu", "--max_seconds=0", "--optimizer=adamw", "--dtype=float32", "--n_layer=2", "--n_head=2",
+        "--n_embd=16", "--block_size=16", "--batch_size=4", "--max_iters=4", "--eval_interval=4",
         "--eval_iters=3", "--warmup_iters=1", "--log_interval=1", "--dropout=0.0"]
 
 

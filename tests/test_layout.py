@@ -20,10 +20,10 @@ def python_files():
             and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
 
 
-def library_modules():
-    """Every importable module of the repository but the benchmarks: the top level and data/."""
+def library_modules(with_bench=False):
+    """Every importable module of the repository: the top level and data/, and bench/ if asked."""
     return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in python_files()
-                  if p.relative_to(ROOT).parts[0] != "bench" and p.name != "__init__.py")
+                  if (with_bench or p.relative_to(ROOT).parts[0] != "bench") and p.name != "__init__.py")
 
 
 def test_top_level_is_the_card_and_its_support_modules():
@@ -57,6 +57,16 @@ def test_functions_fit_on_a_screen():
                 assert length <= limit, f"{path.relative_to(ROOT)}: {node.name}() is {length} lines (limit {limit})"
 
 
+def test_lines_fit_in_120_characters():
+    """Code, configs and scripts, tests included, in lines a reader sees whole (Markdown's prose and tables
+    wrap where they are read)."""
+    paths = [p for ext in ("py", "sh", "toml") for p in Path(ROOT).rglob(f"*.{ext}")
+             if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)] + [Path(ROOT) / ".ci" / "run"]
+    long = [f"{p.relative_to(ROOT)}:{n}" for p in paths
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if len(line) > 120]
+    assert not long, long
+
+
 def run_python(code):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
                           capture_output=True, text=True, timeout=120)
@@ -71,13 +81,13 @@ GLOBAL_STATE = """(list(sys.path), dict(os.environ), [signal.getsignal(s) for s 
 
 
 def test_importing_changes_no_global_state():
-    """Importing every module, scripts included, leaves the process as it was: sys.path, the environment,
-    signal handlers, every random generator, torch's threads and numeric settings, warning filters, and
+    """Importing every module, scripts and benchmarks included, leaves the process as it was: sys.path, the
+    environment, signal handlers, every random generator, torch's threads and numeric settings, warning filters, and
     matplotlib unimported."""
     run_python("import importlib, os, random, signal, sys, warnings\nimport numpy, torch\n"
                f"def state(): return {GLOBAL_STATE}\n"
                "before = state()\n"
-               f"for name in {library_modules()!r}: importlib.import_module(name)\n"
+               f"for name in {library_modules(with_bench=True)!r}: importlib.import_module(name)\n"
                "names = 'sys.path environ signals torch_rng random numpy_rng threads dtype matmul_precision "
                "cuda_tf32 cudnn_tf32 deterministic warning_filters'.split()\n"
                "changed = [n for n, a, b in zip(names, before, state()) "

@@ -92,13 +92,15 @@ def test_attention_steps_are_the_q_k_v_behind_the_weights_and_the_output(arch):
     model = make_gpt("sdpa", **arch)
     idx = rand_tokens(B, 12)
     outputs = []
-    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out)) for block in model.transformer.h]
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out))
+             for block in model.transformer.h]
     with torch.no_grad():
         steps = model.attention_steps(idx)
     for hook in hooks:
         hook.remove()
     for (q, k, v, weights), attn, out in zip(steps, [b.attn for b in model.transformer.h], outputs):
-        scores = (q @ k.transpose(-2, -1) / q.size(-1) ** 0.5).masked_fill(~torch.ones(12, 12).tril().bool(), -torch.inf)
+        scores = (q @ k.transpose(-2, -1) / q.size(-1) ** 0.5).masked_fill(~torch.ones(12, 12).tril().bool(),
+                                                                           -torch.inf)
         torch.testing.assert_close(scores.softmax(-1), weights, rtol=0, atol=1e-6)
         joined = (weights @ v).transpose(1, 2).reshape(B, 12, -1)  # (B, T, C): heads side by side
         torch.testing.assert_close(attn.c_proj(joined), out, rtol=0, atol=1e-5)
@@ -508,7 +510,8 @@ def test_from_pretrained_names_a_pytorch_model_bin_that_is_not_weights(hf_gpt2, 
     directory, *_ = hf_gpt2
     (tmp_path / "config.json").write_text(open(f"{directory}/config.json").read())
     (tmp_path / "pytorch_model.bin").write_bytes(content)  # torch.load itself: KeyError, IndexError tracebacks
-    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(NotSavedByTorch: not a file torch.save wrote \(a zip archive\)"):
+    with pytest.raises(ValueError, match=r"pytorch_model.bin cannot be read as weights \(NotSavedByTorch: not a file "
+                                         r"torch.save wrote \(a zip archive\)"):
         GPT.from_pretrained(str(tmp_path))
 
 

@@ -40,8 +40,8 @@ from model import GPT, GPTConfig
 from data.prepare import prepare_char
 from train import TrainConfig
 
-TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
-        "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
+TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16",
+        "--block_size=8", "--batch_size=2", "--eval_iters=2", "--warmup_iters=2"]
 TMP_NAME = re.compile(r"^\.ckpt\.pt\.tmp\d+$")  # save_checkpoint's temp file, left only by a SIGKILL
 LOG_LINE = re.compile(r"^iter (\d+): loss ", re.M)
 
@@ -295,9 +295,11 @@ def test_a_token_file_damaged_since_it_was_prepared_is_one_line_not_a_traceback(
     tokens[::5] = 65535
     tokens.tofile(path)
     vocab = json.loads((tmp_path / "data" / "meta.json").read_text())["vocab_size"]
-    proc = launch("train.py", *TINY, f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", "--max_iters=3")
+    proc = launch("train.py", *TINY, f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
+                  "--max_iters=3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines() == [f"error: {path} holds token id 65535, outside the model's vocabulary of {vocab}: "
+    assert proc.stderr.splitlines() == [f"error: {path} holds token id 65535, outside the model's "
+                                        f"vocabulary of {vocab}: "
                                         "it changed since it was prepared; prepare the data again"], proc.stderr
 
 
@@ -921,7 +923,8 @@ def test_an_attention_page_too_large_to_open_is_one_line_before_the_work(trained
         sample.main(sample.SampleConfig(**{**cfg, "attention_map": str(tmp_path / "b.html")}, start="\n\n"))
     err = capsys.readouterr().err
     assert exit.value.code == 2 and re.fullmatch(r"error: an attention page over 22 tokens \(2 of the prompt\) would "
-                                                 r"be ~[\d.,]+ MiB, more than a browser opens well .*\(\.png\)\n", err), err
+                                                 r"be ~[\d.,]+ MiB, more than a browser opens well "
+                                                 r".*\(\.png\)\n", err), err
     assert not (tmp_path / "b.html").exists()
 
 
@@ -1171,7 +1174,8 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, 
     4 fails with a warning while training goes on, the last one (6) fails the run with one line."""
     out = small_disk / "out"
     proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", "--optimizer=adamw",
-                  f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2", "--log_interval=1")
+                  f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2",
+                  "--log_interval=1")
     assert proc.returncode == 1, describe(proc)
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.stdout.count("warning: could not write") == 1 and re.search(r"^iter 6: loss", proc.stdout, re.M)
@@ -1330,7 +1334,8 @@ CASES = [
     Case("resume-iter_num-a-string", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "iter_num", "5"))), lambda c: ["iter_num is str"]),
     Case("resume-iter_num-negative", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
-        lambda ck: _set(ck, "iter_num", -5))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (iter_num is -5)"]),
+        lambda ck: _set(ck, "iter_num", -5))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (iter_num is -5)"]),
     Case("resume-run_id-a-number", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "run_id", 7))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged (run_id is int)"]),
     Case("resume-trained_seconds-nan", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
@@ -1369,9 +1374,11 @@ CASES = [
         lambda ck: _set(ck["config"], "activation", "swish"))),
          lambda c: ["was trained with a setting this code does not take (unknown activation 'swish'"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
-         lambda c: [f"is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume --out_dir={c.trained}"]),
+         lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
+                    f"--out_dir={c.trained}"]),
     Case("sample-init-from-a-train-py-out-dir", lambda c: sample_args(c, f"--init_from={c.trained}"),
-         lambda c: [f"is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume --out_dir={c.trained}"]),
+         lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
+                    f"--out_dir={c.trained}"]),
     # written before the code had `activation`: that model was GPT-2's tanh GELU, and another one given is refused
     Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(
         c, "--init_from=resume", "--activation=gelu", out=c.ckpt_with(
@@ -1403,7 +1410,8 @@ CASES = [
          lambda c: [str(c.dir / "gpt2" / "config.json"), "n_layer='twelve'"]),
     Case("sample-attention-map-a-directory", lambda c: (c.dir / "attn.html").mkdir() or sample_args(
         c, f"--attention_map={c.dir / 'attn.html'}"), lambda c: [str(c.dir / "attn.html"), "is a directory"]),
-    Case("sample-attention-map-where-nothing-can-be-written", lambda c: sample_args(c, "--attention_map=/proc/attn.html"),
+    Case("sample-attention-map-where-nothing-can-be-written",
+         lambda c: sample_args(c, "--attention_map=/proc/attn.html"),
          lambda c: ["cannot write /proc/attn.html"]),
     Case("sample-prompt-file-not-text", lambda c: (c.dir / "x.bin").write_bytes(bytes(range(128, 256))) and sample_args(
         c, f"--start=FILE:{c.dir / 'x.bin'}"), lambda c: [f"--start=FILE:{c.dir / 'x.bin'} is not UTF-8 text",
@@ -1461,7 +1469,8 @@ CASES = [
     # trained on a GPU with flash-attn's kernel, sampled where there is none: the fix is a flag the user never gave
     Case("sample-checkpoint-trained-with-fa2", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: _set(ck["model_config"], "attention", "fa2"))),
-         lambda c: ["attention='fa2'", "(attention='fa2' is the model's own: --attention=manual samples it on any device)"]),
+         lambda c: ["attention='fa2'",
+                    "(attention='fa2' is the model's own: --attention=manual samples it on any device)"]),
     Case("sample-device-index-not-a-number", lambda c: ["sample.py", f"--out_dir={c.trained}", "--device=cpu:abc"],
          lambda c: ["unknown device 'cpu:abc'", "cuda:N"]),
     Case("sample-prompt-file-a-pipe", lambda c: os.mkfifo(c.dir / "prompt") or sample_args(
@@ -1736,8 +1745,8 @@ def test_a_containers_memory_limit_is_the_memory_a_model_must_fit_in(tmp_path, m
     assert physical == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     with_cgroups(tmp_path / "v1", monkeypatch, "5:memory:/\n", {"memory/memory.limit_in_bytes": str(768 << 20)})
     assert memory_bytes("cpu") == min(physical, 768 << 20)
-    with pytest.raises(ValueError, match=r"504,419,328 parameters, 2 GiB of fp32 weights alone, and this process may use "
-                                         r"0\.8 GiB: make it smaller"):
+    with pytest.raises(ValueError, match=r"504,419,328 parameters, 2 GiB of fp32 weights alone, and this process "
+                                         r"may use 0\.8 GiB: make it smaller"):
         train.check_model_fits(GPTConfig(vocab_size=64, block_size=8, n_layer=160, n_head=8, n_embd=512))
     with_cgroups(tmp_path / "v2", monkeypatch, "0::/job\n", {"cgroup.controllers": "memory", "job/memory.max": "max",
                                                              "memory.max": str(1 << 30)})
@@ -1788,7 +1797,8 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
                                              r"set it to a positive integer"):
             pick_threads(0)
     monkeypatch.setenv("OMP_NUM_THREADS", "100000")  # torch.set_num_threads(100000) segfaults
-    with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*; unset it for one per CPU"):
+    with pytest.raises(ValueError, match=r"^OMP_NUM_THREADS=100000 is far more than the 3 CPUs .*; "
+                                         r"unset it for one per CPU"):
         pick_threads(0)
     assert pick_threads(4) == 4  # a setting wins over the environment, even a bad one
     with pytest.raises(ValueError, match=r"threads must be at least 0 \(0: the CPUs"):
@@ -1935,12 +1945,14 @@ def test_a_gpu_takes_its_own_datasheet_peak_not_one_of_a_name_inside_its_own():
     assert gpu_datasheet_peaks("NVIDIA H100 80GB HBM3") is peaks["H100"]
     assert gpu_datasheet_peaks("NVIDIA A100-SXM4-80GB") is peaks["A100"]
     assert gpu_datasheet_peaks("NVIDIA RTX A6000") is None and gpu_datasheet_peaks("NVIDIA RTX A1000") is None
-    assert gpu_datasheet_peaks("NVIDIA GH200 480GB") is peaks["H200"] and gpu_datasheet_peaks("NVIDIA GB200") is peaks["B200"]
+    assert gpu_datasheet_peaks("NVIDIA GH200 480GB") is peaks["H200"] and \
+        gpu_datasheet_peaks("NVIDIA GB200") is peaks["B200"]
 
 
 @pytest.mark.parametrize("content", ['{"any": "fast"}', '["a list"]', '{"any": -1}', '{"any": true}', '{"any": 1e300}',
                                      "not json", "[" * 200000],
-                         ids=["a string", "a list", "negative", "a bool", "no CPU's", "not json", "nested past json's depth"])
+                         ids=["a string", "a list", "negative", "a bool", "no CPU's", "not json",
+                              "nested past json's depth"])
 def test_a_damaged_cpu_peak_file_costs_a_measurement_not_the_run(tmp_path, monkeypatch, content):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))

@@ -28,8 +28,8 @@ from configurator import ConfigError, help_text, load_config
 from data.tokenizer import tokenizer_from_meta
 from helpers import ENV, ROOT, TEXT, check_ok
 from model import GPT, GPTConfig
-TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=8",
-        "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
+TINY = ["--device=cpu", "--max_seconds=0", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16",
+        "--block_size=8", "--batch_size=2", "--eval_iters=2", "--warmup_iters=2", "--seed=1337"]
 SEPARATOR = "\n---------------\n"
 LOG_LINE = re.compile(r"^iter (\d+): loss ([0-9.]+)\b.*?([0-9.,]+) ms/iter.*?([0-9.,]+) tokens/s", re.M)
 
@@ -369,7 +369,8 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
     cfg = tiny_config(data_dir, tmp_path, compile=False, eval_interval=10**9,
                       **(dict(max_iters=3) if limit == "max_iters" else dict(max_seconds=0.5, max_iters=10**9)))
     train.main(cfg)
-    files, done = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "metrics.jsonl")}, load(tmp_path / "ckpt.pt")
+    files, done = ({name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "metrics.jsonl")},
+                   load(tmp_path / "ckpt.pt"))
     capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
         train.main(dataclasses.replace(cfg, init_from="resume"))
@@ -400,7 +401,8 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     cfg = dict(compile=False, max_iters=4, eval_interval=2, warmup_iters=2)  # past warm-up: no note of it
     interrupted_run(tiny_config(data_dir, tmp_path, **cfg), monkeypatch, at=2)
     capsys.readouterr()
-    same = dataclasses.replace(tiny_config(data_dir, tmp_path, **cfg, init_from="resume", gradient_accumulation_steps=1),
+    same = dataclasses.replace(tiny_config(data_dir, tmp_path, **cfg, init_from="resume",
+                                           gradient_accumulation_steps=1),
                                data_dir=f"{data_dir}{os.sep}")  # the same directory, spelt another way
     interrupted_run(same, monkeypatch, at=3)
     assert "note:" not in capsys.readouterr().out, "gradient_accumulation_steps=0 meant 1 in the first run"
@@ -468,7 +470,8 @@ def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_p
     ever moves the time past 0 (as between a torchrun job's agreements), and the records still count it."""
     import train
     real = train.agree_on_stop
-    monkeypatch.setattr(train, "agree_on_stop", lambda signum, seconds, failed, device: real(signum, 0.0, failed, device))
+    monkeypatch.setattr(train, "agree_on_stop",
+                        lambda signum, seconds, failed, device: real(signum, 0.0, failed, device))
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2))
     seconds = [r["seconds"] for r in metrics(tmp_path) if "val_loss" in r]
     assert len(seconds) == 3 and 0 < seconds[0] < seconds[1] < seconds[2], seconds
@@ -499,8 +502,8 @@ def test_a_resumed_runs_data_is_checked_against_its_own_block_size(tmp_path, cap
     from data.prepare import prepare_char
     prepare_char(TEXT, str(tmp_path / "data"), val_text=TEXT[:30])
     train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=2))
-    resumed = train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=3, init_from="resume",
-                                     block_size=train.TrainConfig().block_size))
+    resumed = train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=3,
+                                     init_from="resume", block_size=train.TrainConfig().block_size))
     assert resumed.config.block_size == 8 and load(tmp_path / "out" / "ckpt.pt")["iter_num"] == 3
     assert "note: the model's settings as the checkpoint has them: block_size=8\n" in capsys.readouterr().out
 
@@ -558,7 +561,8 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     check_ok(launch("train.py", *common, "--init_from=resume", "--n_layer=1", "--n_head=2", "--n_embd=16",
                     "--max_iters=6"))
     too_long = launch("train.py", *common, f"--init_from={weights}", "--block_size=80", f"--out_dir={tmp_path / 'x'}")
-    assert too_long.returncode == 2 and "block_size=80 is larger than the model's 64" in too_long.stderr, too_long.stderr
+    assert too_long.returncode == 2 and "block_size=80 is larger than the model's 64" in too_long.stderr, \
+        too_long.stderr
     assert "Traceback" not in too_long.stderr and not (tmp_path / "x").exists()
     sample = check_ok(launch("sample.py", f"--out_dir={out}", "--device=cpu", "--max_new_tokens=5", "--start=Speak"))
     assert sample.stdout.startswith("Speak"), sample.stdout
@@ -774,7 +778,8 @@ def test_a_step_over_micro_batches_steps_on_their_mean_gradient(tmp_path, data_d
     batches = Batches(tokens, cfg.block_size, cfg.batch_size, cfg.seed, "cpu")  # as the step's own draws them
     whole(*batches.load(batches.offsets(2).flatten()))[1].backward()
     expected = torch.cat([p.grad.flatten() for p in whole.parameters() if p.grad is not None])
-    torch.testing.assert_close(gradient_at_the_update(cfg, 2, model, tokens, monkeypatch), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(gradient_at_the_update(cfg, 2, model, tokens, monkeypatch), expected,
+                               atol=1e-6, rtol=1e-5)
 
 
 def test_evaluation_reads_each_split_and_the_same_batches_whatever_the_seed(tmp_path, data_dir):
@@ -1110,10 +1115,11 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path,
     refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
     assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 3,\d{3},\d{3},\d{3},"
-                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this process may use [\d,.]+ GiB: make it "
-                        r"smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
+                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this process may use [\d,.]+ GiB: "
+                        r"make it smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
     assert not out.exists()
-    huge_vocabulary = launch("train.py", *TINY, "--vocab_size=10000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
+    huge_vocabulary = launch("train.py", *TINY, "--vocab_size=10000000000", f"--data_dir={data_dir}",
+                             f"--out_dir={out}")
     assert huge_vocabulary.returncode == 2 and huge_vocabulary.stderr.endswith(
         "make it smaller (--vocab_size, --n_embd)\n"), huge_vocabulary.stderr
 
@@ -1415,18 +1421,29 @@ def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig):
     assert "did you mean" not in str(e.value)  # no close match, no suggestion
 
 
-@pytest.mark.parametrize("argv_or_toml, key", [
-    ("--n_layer=two", "n_layer"), ("--n_layer=2.5", "n_layer"), ("n_layer = 2.5", "n_layer"),
-    ('n_layer = "2"', "n_layer"), ("n_layer = true", "n_layer"),
-    ("--learning_rate=fast", "learning_rate"), ('learning_rate = "1e-3"', "learning_rate"),
-    ("--compile=maybe", "compile"), ("compile = 1", "compile"), ('compile = "true"', "compile"),
-    ("--dtype=float64", "dtype"), ('dtype = "float64"', "dtype"), ("--attention=foo", "attention"),
-    ("out_dir = 3", "out_dir"),
+DTYPES = "'auto' | 'float32' | 'bfloat16' | 'float16'"
+
+
+@pytest.mark.parametrize("argv_or_toml, says", [  # a value as the user wrote it: TOML's true, not Python's True
+    ("--n_layer=two", "n_layer must be int, got 'two'"), ("--n_layer=2.5", "n_layer must be int, got '2.5'"),
+    ("n_layer = 2.5", "n_layer must be int, got 2.5"), ('n_layer = "2"', "n_layer must be int, got '2'"),
+    ("n_layer = true", "n_layer must be int, got true"),
+    ("--learning_rate=fast", "learning_rate must be float, got 'fast'"),
+    ('learning_rate = "1e-3"', "learning_rate must be float, got '1e-3'"),
+    ("--compile=maybe", "compile must be true or false (or 1/0, yes/no, on/off), got 'maybe'"),
+    ("compile = 1", "compile must be true or false, got 1"),
+    ('compile = "true"', "compile must be true or false, got the string 'true'; write it without quotes"),
+    ("--dtype=float64", f"dtype='float64' is not a valid choice; choose one of: {DTYPES}"),
+    ('dtype = "float64"', f"dtype='float64' is not a valid choice; choose one of: {DTYPES}"),
+    ("--attention=foo",
+     "attention='foo' is not a valid choice; choose one of: 'manual' | 'sdpa' | 'flash' | 'fa2' | 'fa3'"),
+    ("out_dir = 3", "out_dir must be str, got 3"),
 ])
-def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, key):
+def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, says):
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
-    with pytest.raises(ConfigError, match=key):
+    with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, argv)
+    assert str(e.value) == says
 
 
 def test_a_literal_of_numbers_is_set_from_the_command_line():
@@ -1667,6 +1684,25 @@ def test_help_says_what_every_setting_means(launch, script):
     assert len(starts) == 1, f"{script}: meanings do not start in one column"
 
 
+def test_a_settings_meaning_may_go_on_below_it():
+    """A comment-only line indented past the field carries its meaning on (a line may hold 120 characters); a
+    comment at the fields' own indentation starts a section and belongs to no setting."""
+    from dataclasses import dataclass
+
+    from configurator import field_comments
+
+    @dataclass
+    class Forked:
+        width: int = 8  # the residual stream's width,
+                        # in channels
+        # the optimizer
+        rate: float = 0.1  # its peak rate
+        # not the rate's: a section's comment
+        steps: int = 1
+
+    assert field_comments(Forked) == {"width": "the residual stream's width, in channels", "rate": "its peak rate"}
+
+
 @pytest.mark.skipif(not shutil.which("bash"), reason="reads the flags back as bash does")
 def test_help_shows_defaults_as_a_shell_takes_them_back():
     """--help's flag column is what one would type: bash reads sample.py's --start (a newline) back as the
@@ -1813,7 +1849,8 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
     shutil.copytree(Path(ROOT) / "data", repo / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
     model_py = (repo / "model.py").read_text()
     assert NEW_FIELD in model_py and model_py.count("10000.0 **") == 1
-    model_py = model_py.replace(NEW_FIELD, NEW_FIELD + "    rope_base: float = 10000.0  # rotary angles: p / rope_base^(2i/hs)\n")
+    model_py = model_py.replace(NEW_FIELD,
+                                NEW_FIELD + "    rope_base: float = 10000.0  # rotary angles: p / rope_base^(2i/hs)\n")
     (repo / "model.py").write_text(model_py.replace("10000.0 **", "config.rope_base **"))
 
     out = tmp_path / "out"
