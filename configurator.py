@@ -106,8 +106,9 @@ def expand_home(config, *names):
 def type_name(tp):
     if typing.get_origin(tp) is typing.Literal:
         return " | ".join(repr(c) for c in typing.get_args(tp))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join(type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # a bool or none: "true, false or none"
+        names = [name for a in typing.get_args(tp) for name in (("true", "false") if a is bool else (type_name(a),))]
+        return f"{', '.join(names[:-1])} or {names[-1]}"
     return {type(None): "none", bool: "true or false"}.get(tp, tp.__name__)
 
 
@@ -122,7 +123,7 @@ def convert(key, tp, value, from_text):
     if origin is typing.Literal:  # text is the choice it spells: "2" is 2 where the choices are numbers
         chosen = [c for c in args if (as_typed(c) == value if from_text else c == value and type(c) is type(value))]
         if not chosen:
-            raise ConfigError(f"{key}={value!r} is not a valid choice; choose one of: {type_name(tp)}")
+            raise ConfigError(f"{key}={shown(value)} is not a valid choice; choose one of: {type_name(tp)}")
         return chosen[0]
     if type(None) in args:  # Optional[X]; TOML has no null, so there too "none" is None
         if isinstance(value, str) and value.lower() in ("none", "null") + (("",) if from_text else ()):

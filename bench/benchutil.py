@@ -1,8 +1,9 @@
 """Shared helpers for the bench/ scripts: option parsing, machine description, timing, tables, JSON.
 
-Every script puts the repository root first on sys.path before importing this, so `bench.benchutil`,
-the library modules (model, attention, hardware, checkpoint, data.loader, ...) and train.py (whose
-training step bench/train.py times; importing it changes nothing) resolve the same from any directory.
+Every script, run as one, puts the repository root first on sys.path before importing this, so that
+`bench.benchutil`, the library modules (model, attention, hardware, checkpoint, data.loader, ...) and
+train.py (whose training step bench/train.py times; importing it changes nothing) resolve the same from
+any directory; imported as a module (`python -m bench.train`, the tests), the root is on sys.path already.
 """
 import datetime
 import json

@@ -16,8 +16,23 @@ import json
 import os
 import sys
 
-if __name__ == "__main__":  # the checkout's modules, not those beside this file (bench/train.py is no train.py)
-    sys.path[0] = os.getcwd()
+
+def parse_args(argv):
+    """main's arguments from the command line; --help prints this file's docstring, and a wrong command line
+    is one line (this runs inside another checkout, so it uses nothing of this repository's to say so)."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0)
+    if len(argv) < 5 or not argv[2].isdigit():
+        print("error: bench/checkpoint_losses.py takes OUT.json BATCHES.pt THREADS DEVICE CKPT.pt ..., THREADS a whole "
+              "number (0: torch's own); bench/recipe.py runs it", file=sys.stderr)
+        sys.exit(2)
+    return argv[0], argv[1], int(argv[2]), *argv[3:]
+
+
+if __name__ == "__main__":  # the command line first: what follows is imported from the checkout this runs in
+    ARGS = parse_args(sys.argv[1:])
+    sys.path[0] = os.getcwd()  # the checkout's modules, not those beside this file (bench/train.py is no train.py)
 
 import torch  # noqa: E402
 
@@ -41,24 +56,15 @@ def checkpoint_losses(path, splits, device):
 def main(out, batches_path, threads, device, *paths):
     if threads > 0:
         torch.set_num_threads(threads)
-    splits = torch.load(batches_path, map_location=device, weights_only=True)
+    try:
+        splits = torch.load(batches_path, map_location=device, weights_only=True)
+    except OSError as e:
+        print(f"error: {batches_path}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
     results = [checkpoint_losses(path, splits, device) for path in paths]
     with open(out, "w") as f:
         json.dump(results, f)
 
 
-def parse_args(argv):
-    """main's arguments from the command line; --help prints this file's docstring, and a wrong command line
-    is one line (this runs inside another checkout, so it uses nothing of this repository's to say so)."""
-    if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__.strip())
-        sys.exit(0)
-    if len(argv) < 5 or not argv[2].isdigit():
-        print("error: bench/checkpoint_losses.py takes OUT.json BATCHES.pt THREADS DEVICE CKPT.pt ..., THREADS a whole "
-              "number (0: torch's own); bench/recipe.py runs it", file=sys.stderr)
-        sys.exit(2)
-    return argv[0], argv[1], int(argv[2]), *argv[3:]
-
-
 if __name__ == "__main__":
-    main(*parse_args(sys.argv[1:]))
+    main(*ARGS)

@@ -147,6 +147,12 @@ def vocab_size(cfg, tcfg):
 
 
 def variant_list(cfg, tcfg, device_type):
+    listed = {"compile": [False, True],  # each list checked, whatever is compared
+              "dtype": [resolved_dtype_name(d, device_type)
+                        for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))],
+              "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS),
+              "optimizer": split_list(cfg.optimizers, "optimizers", allowed=typing.get_args(Optimizer)),
+              "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))}
     if cfg.variants == "execution":
         optimizer = cfg.optimizer or tcfg.optimizer
         activation = cfg.activation or tcfg.activation
@@ -166,12 +172,6 @@ def variant_list(cfg, tcfg, device_type):
             "attention": cfg.attention or tcfg.attention,
             "optimizer": cfg.optimizer or tcfg.optimizer,
             "activation": cfg.activation or tcfg.activation}
-    listed = {"compile": [False, True],  # each list checked, whether or not its axis is compared
-              "dtype": [resolved_dtype_name(d, device_type)
-                        for d in split_list(cfg.dtypes, "dtypes", allowed=typing.get_args(DType))],
-              "attention": split_list(cfg.attentions, "attentions", allowed=BACKENDS),
-              "optimizer": split_list(cfg.optimizers, "optimizers", allowed=typing.get_args(Optimizer)),
-              "activation": split_list(cfg.activations, "activations", allowed=typing.get_args(Activation))}
     values = [listed[axis] if axis in axes else [base[axis]] for axis in AXES]
     return axes, [dict(zip(AXES, combo)) for combo in itertools.product(*values)]
 

@@ -524,20 +524,30 @@ def test_bench_help_describes_every_setting(launch, script):
         assert "[train_config.toml] [--key=value ...]" in out.splitlines()[0] and "A TOML file" not in out, out
 
 
-def test_the_checkpoint_scorer_says_what_it_takes(launch):
+def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     """bench/checkpoint_losses.py, which recipe.py runs inside another checkout: --help is its docstring, and a
-    wrong command line one line, not a traceback (it was a TypeError from main's arguments)."""
-    assert check_ok(launch("bench/checkpoint_losses.py", "--help")).stdout.startswith("The mean loss of trained")
+    wrong command line or a missing batches file one line, not a traceback (a TypeError from main's arguments, or,
+    run outside a checkout, the checkout's modules not found), wherever it runs."""
+    def scorer(*args):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "bench", "checkpoint_losses.py"), *args],
+                              cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+
+    assert check_ok(scorer("--help")).stdout.startswith("The mean loss of trained")
     for args in ([], ["out.json", "batches.pt", "two", "cpu", "ckpt.pt"]):
-        wrong = launch("bench/checkpoint_losses.py", *args)
+        wrong = scorer(*args)
         assert wrong.returncode == 2 and wrong.stderr == (
             "error: bench/checkpoint_losses.py takes OUT.json BATCHES.pt THREADS DEVICE CKPT.pt ..., THREADS a whole "
             "number (0: torch's own); bench/recipe.py runs it\n"), wrong.stderr
+    missing = subprocess.run([sys.executable, os.path.join("bench", "checkpoint_losses.py"), "out.json", "none.pt", "1",
+                              "cpu", "ckpt.pt"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr == "error: none.pt: No such file or directory\n", missing.stderr
 
 
 @pytest.mark.parametrize("script, flag, says", [
     ("bench/train.py", "--seed=-1", "seed must be in [0, 2**32), got -1"),
     ("bench/train.py", "--optimizers=sgd", "optimizers: 'sgd' is not one of adamw, muon"),  # an axis not compared too
+    ("bench/train.py", "--variants=execution --activations=y", "activations: 'y' is not one of gelu_tanh, gelu, relu2"),
+    ("bench/train.py", "--compile=maybe", "compile must be true, false or none, got 'maybe'"),
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
     ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
     ("bench/recipe.py", "--train_args=--help", "train_args cannot ask for --help"),

@@ -1435,6 +1435,7 @@ DTYPES = "'auto' | 'float32' | 'bfloat16' | 'float16'"
     ('compile = "true"', "compile must be true or false, got the string 'true'; write it without quotes"),
     ("--dtype=float64", f"dtype='float64' is not a valid choice; choose one of: {DTYPES}"),
     ('dtype = "float64"', f"dtype='float64' is not a valid choice; choose one of: {DTYPES}"),
+    ("dtype = true", f"dtype=true is not a valid choice; choose one of: {DTYPES}"),
     ("--attention=foo",
      "attention='foo' is not a valid choice; choose one of: 'manual' | 'sdpa' | 'flash' | 'fa2' | 'fa3'"),
     ("out_dir = 3", "out_dir must be str, got 3"),
