@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -208,6 +208,8 @@ def main(cfg):
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
                 note = "\n".join(filter(None, [note, changed]))
+            if setup.master and not cfg.eval_only:  # before the model is built, or GPT-2's weights downloaded
+                check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
             seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
             state = new_train_state(cfg, setup, model, data.train)
@@ -217,8 +219,6 @@ def main(cfg):
                 stateless = resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)
                 note = "\n".join(filter(None, [note, stateless]))
                 del checkpoint  # free its memory
-            if setup.master and not cfg.eval_only:
-                check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
@@ -383,8 +383,10 @@ def as_run(cfg, setup, checkpoint):
     """(cfg with what its defaults, 0s and auto mean in this run, a note naming the model settings it took
     from the checkpoint or ""). A resumed run's model settings where cfg leaves them at their defaults,
     so that the same command line resumes on another CPU (n_embd=0 is this machine's width,
-    with_machine_width) or after a default changed; dtype and gradient_accumulation_steps as set_up
-    resolved them; data_dir in one spelling (data/x/ is data/x)."""
+    with_machine_width) or after a default changed (the note names the weights' own values: a run that
+    started from GPT-2's weights kept its first command line's settings, which the weights overrode); an
+    evaluation's optimizer, the one whose state the checkpoint holds (nothing trains); dtype and
+    gradient_accumulation_steps as set_up resolved them; data_dir in one spelling (data/x/ is data/x)."""
     taken = {}
     if checkpoint is not None:  # a setting given otherwise is compared, and refused, by check_resumable
         default = type(cfg)()
@@ -395,6 +397,11 @@ def as_run(cfg, setup, checkpoint):
         except ValueError as e:  # a value this code no longer has (an activation it dropped, say)
             raise ValueError(f"{ckpt_path(cfg.out_dir)} was trained with a setting this code does not take ({e}); "
                              "resume it with the code that wrote it, or start a new run") from None
+        trained_with = checkpoint["config"].get("optimizer", default.optimizer)
+        if cfg.eval_only and trained_with in get_args(Optimizer):  # else check_resumable names it
+            cfg = replace(cfg, optimizer=trained_with)
+        model = checkpoint["model_config"]  # vocab_size as set: 0 is the data's, whatever the model's vocabulary
+        taken = {k: v if k == "vocab_size" else model.get(k, v) for k, v in taken.items()}
     resolved = with_machine_width(type(cfg)(), setup.device_type)  # a default is noted only where it differs
     shown = [f"{k}={v}" for k, v in taken.items() if v != getattr(resolved, k)]
     kept = f"note: the model's settings as the checkpoint has them: {', '.join(shown)}" if shown else ""
@@ -411,7 +418,7 @@ def build_model(cfg, meta, checkpoint, setup):
         model = model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
     elif cfg.init_from == "scratch":
         wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
-        check_model_fits(wanted)
+        check_model_fits(wanted, training=not cfg.eval_only)
         model = GPT(wanted)
     else:
         model = pretrained_model(cfg, meta, setup, runtime)
@@ -441,19 +448,23 @@ def training_dropout(cfg):
     return 0.0 if cfg.eval_only else cfg.dropout
 
 
-def check_model_fits(config):
-    """ValueError if a new model's fp32 weights alone would outgrow this machine's memory, where it is
-    built: a mistyped n_layer would build blocks for minutes before memory ran out. Counted from a
-    model of one block and one of two, built without memory (the meta device)."""
+def check_model_fits(config, training):
+    """ValueError if a new model would outgrow this machine's memory, where it is built: its fp32 weights,
+    and where it trains their gradients and at least one optimizer state each too (Muon's momentum; AdamW
+    keeps two). A mistyped n_layer or mlp_ratio would build blocks for minutes before memory ran out.
+    Counted from a model of one block and one of two, built without memory (the meta device)."""
     with torch.device("meta"):
         one, two = (sum(p.numel() for p in GPT(replace(config, n_layer=n)).parameters()) for n in (1, 2))
     blocks, outside = config.n_layer * (two - one), 2 * one - two  # outside the blocks: embeddings, head, last norm
     n_params, memory = blocks + outside, memory_bytes("cpu")
-    if memory is not None and 4 * n_params > memory:
-        larger = "--n_layer, --n_embd" if blocks >= outside else "--vocab_size, --n_embd"
-        raise ValueError(f"n_layer={config.n_layer}, n_embd={config.n_embd} and vocab_size={config.vocab_size} make a "
-                         f"model of {n_params:,} parameters, {4 * n_params / 2**30:,.0f} GiB of fp32 weights alone, "
-                         f"and this process may use {memory / 2**30:,.1f} GiB: make it smaller ({larger})")
+    need, what = (12 * n_params, "to train (fp32 weights, gradients, optimizer state)") if training else (
+        4 * n_params, "of fp32 weights")
+    if memory is not None and need > memory:
+        larger = "--n_layer, --n_embd, --mlp_ratio" if blocks >= outside else "--vocab_size, --n_embd"
+        raise ValueError(f"n_layer={config.n_layer}, n_embd={config.n_embd}, mlp_ratio={config.mlp_ratio} and "
+                         f"vocab_size={config.vocab_size} make a model of {n_params:,} parameters, "
+                         f"{need / 2**30:,.0f} GiB {what}, and this process may use {memory / 2**30:,.1f} GiB: "
+                         f"make it smaller ({larger})")
 
 
 def new_train_state(cfg, setup, model, train_tokens):

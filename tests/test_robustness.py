@@ -1745,9 +1745,10 @@ def test_a_containers_memory_limit_is_the_memory_a_model_must_fit_in(tmp_path, m
     assert physical == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     with_cgroups(tmp_path / "v1", monkeypatch, "5:memory:/\n", {"memory/memory.limit_in_bytes": str(768 << 20)})
     assert memory_bytes("cpu") == min(physical, 768 << 20)
-    with pytest.raises(ValueError, match=r"504,419,328 parameters, 2 GiB of fp32 weights alone, and this process "
+    with pytest.raises(ValueError, match=r"504,419,328 parameters, 2 GiB of fp32 weights, and this process "
                                          r"may use 0\.8 GiB: make it smaller"):
-        train.check_model_fits(GPTConfig(vocab_size=64, block_size=8, n_layer=160, n_head=8, n_embd=512))
+        train.check_model_fits(GPTConfig(vocab_size=64, block_size=8, n_layer=160, n_head=8, n_embd=512),
+                               training=False)
     with_cgroups(tmp_path / "v2", monkeypatch, "0::/job\n", {"cgroup.controllers": "memory", "job/memory.max": "max",
                                                              "memory.max": str(1 << 30)})
     assert memory_bytes("cpu") == min(physical, 1 << 30)

@@ -385,6 +385,10 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
         f"{cfg.eval_iters} -> {cfg.eval_iters + 1} since the checkpoint; the evaluation follows the new values\n" \
         in out, out
     assert "learning_rate" not in out and out.count("note:") == 1, out  # nor of the warm-up max_iters=3 ends in
+    # nothing trains: the optimizer is the one whose state the checkpoint holds (Muon's), whatever the flag says
+    train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True, optimizer="adamw"))
+    out = capsys.readouterr().out
+    assert "val loss" in out and "note:" not in out, out
     more = dict(max_iters=4) if limit == "max_iters" else dict(max_seconds=1.0)
     train.main(dataclasses.replace(cfg, init_from="resume", **more))
     assert load(tmp_path / "ckpt.pt")["iter_num"] > done["iter_num"]
@@ -537,6 +541,9 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert torch.equal(ckpt["model"]["transformer.wpe.weight"], sd["transformer.wpe.weight"][:16])  # cropped
     assert torch.equal(ckpt["model"]["transformer.h.0.mlp.c_fc.weight"], sd["transformer.h.0.mlp.c_fc.weight"].t())
 
+    occupied = launch("train.py", *common, f"--init_from={weights}", "--max_iters=0")  # before the weights are read
+    assert occupied.returncode == 2 and "holds a trained run" in occupied.stderr and not occupied.stdout, occupied
+
     evaluation = re.compile(r"^iter \d+: train loss [0-9.]+, val loss [0-9.]+$", re.M)
     scored = check_ok(launch("train.py", *common, f"--init_from={weights}", "--eval_only=true",
                              f"--out_dir={tmp_path / 'eval'}"))
@@ -545,6 +552,10 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
 
     resumed = check_ok(launch("train.py", *common, f"--init_from={weights}", "--init_from=resume", "--max_iters=3"))
     assert [int(m[0]) for m in LOG_LINE.findall(resumed.stdout)] == [1, 2, 3], resumed.stdout
+    # the model's shape, as the weights gave it: not train.py's defaults for a model from scratch, which this run's
+    # settings kept (so that its command line resumes it)
+    assert "note: the model's settings as the checkpoint has them: n_head=2, n_embd=16, bias=True, " \
+        "pos_embedding=learned, norm=layernorm, activation=gelu_tanh\n" in resumed.stdout, resumed.stdout
     rescored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true", "--learning_rate=1e-3"))
     assert f"evaluating {out / 'ckpt.pt'} at iteration 3" in rescored.stdout, rescored.stdout
     assert "resuming" not in rescored.stdout and "training follows" not in rescored.stdout, rescored.stdout
@@ -1114,14 +1125,27 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(tmp_path,
     started = time.time()
     refused = launch("train.py", *TINY, "--n_layer=1000000000", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert refused.returncode == 2 and time.time() - started < 60, refused.stderr
-    assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16 and vocab_size=\d+ make a model of 3,\d{3},\d{3},\d{3},"
-                        r"\d{3} parameters, [\d,]+ GiB of fp32 weights alone, and this process may use [\d,.]+ GiB: "
-                        r"make it smaller \(--n_layer, --n_embd\)\n", refused.stderr), refused.stderr
+    assert re.fullmatch(r"error: n_layer=1000000000, n_embd=16, mlp_ratio=4 and vocab_size=\d+ make a model of "
+                        r"3,\d{3},\d{3},\d{3},\d{3} parameters, [\d,]+ GiB to train \(fp32 weights, gradients, "
+                        r"optimizer state\), and this process may use [\d,.]+ GiB: make it smaller \(--n_layer, "
+                        r"--n_embd, --mlp_ratio\)\n", refused.stderr), refused.stderr
     assert not out.exists()
     huge_vocabulary = launch("train.py", *TINY, "--vocab_size=10000000000", f"--data_dir={data_dir}",
                              f"--out_dir={out}")
     assert huge_vocabulary.returncode == 2 and huge_vocabulary.stderr.endswith(
         "make it smaller (--vocab_size, --n_embd)\n"), huge_vocabulary.stderr
+
+
+def test_a_model_whose_weights_fit_but_whose_training_does_not_is_refused(monkeypatch):
+    """A mistyped mlp_ratio (18,000: ~149 M parameters in a block of 64 channels) whose fp32 weights fit in 1 GiB, but
+    not with their gradients and optimizer state: training it is refused, evaluating it is not."""
+    import train
+    monkeypatch.setattr(train, "memory_bytes", lambda device_type: 1 << 30)
+    config = GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=64, mlp_ratio=18_000)
+    with pytest.raises(ValueError, match=r"mlp_ratio=18000 and vocab_size=64 make a model of 148,629,696 parameters,"
+                                         r" 2 GiB to train .*make it smaller \(--n_layer, --n_embd, --mlp_ratio\)$"):
+        train.check_model_fits(config, training=True)
+    train.check_model_fits(config, training=False)
 
 
 def test_an_os_error_in_the_set_up_is_one_line(tmp_path, monkeypatch, capsys):
