@@ -263,10 +263,8 @@ def tokenizer_difference(trained, data):
 
 
 def check_out_dir(out_dir, resuming, overwrite):
-    """Before training, not after hours of it: a new run does not destroy a trained checkpoint
-    unless told to, out_dir can be written (a 1 MiB probe: not full, not read-only), and it is
-    this run's alone (lock_out_dir). Directories made here go again with the lock where the run
-    leaves them empty (stopped before its first save)."""
+    """Before the work, reading only: out_dir is a folder (or none yet), and a new run does not destroy a
+    trained checkpoint unless told to."""
     path = ckpt_path(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder; pick another --out_dir")
@@ -275,6 +273,12 @@ def check_out_dir(out_dir, resuming, overwrite):
     if not resuming and not overwrite and os.path.exists(path):
         raise ValueError(f"{path} holds a trained run: continue it with --init_from=resume, pick another "
                          "--out_dir, or start again in this one with --overwrite=true")
+
+
+def claim_out_dir(out_dir):
+    """Once every check has passed, before training (not after hours of it): out_dir can be written (a 1 MiB
+    probe: not full, not read-only), and it is this run's alone (lock_out_dir). Directories made here go
+    again with the lock where the run leaves them empty (stopped before its first save)."""
     with writable_directory(out_dir, "out_dir", room=1 << 20) as made:  # a failed probe leaves no empty out_dir
         pass
     lock_out_dir(out_dir, made)

@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 
 from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
-                        ckpt_path, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint, saved_ranks,
-                        set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
+                        ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint,
+                        saved_ranks, set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, under_torchrun
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
@@ -208,8 +208,6 @@ def main(cfg):
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
                 note = "\n".join(filter(None, [note, changed]))
-            if setup.master and not cfg.eval_only:  # before the model is built, or GPT-2's weights downloaded
-                check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
             seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
             state = new_train_state(cfg, setup, model, data.train)
@@ -219,6 +217,8 @@ def main(cfg):
                 stateless = resume_state(state, checkpoint, ckpt_path(cfg.out_dir), setup, cfg)
                 note = "\n".join(filter(None, [note, stateless]))
                 del checkpoint  # free its memory
+            if setup.master and not cfg.eval_only:
+                claim_out_dir(cfg.out_dir)
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
@@ -371,7 +371,10 @@ def check_data(cfg, data):
 
 
 def load_resume_point(cfg):
-    """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads."""
+    """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads; else None,
+    once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read)."""
+    if not cfg.eval_only:
+        check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
     if cfg.init_from != "resume":
         return None
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))

@@ -1161,11 +1161,11 @@ def small_disk(tmp_path):
 def test_an_out_dir_on_a_full_disk_is_refused_and_not_left_behind(small_disk):
     """The write probe finds the disk full before training: one line, and the directories the check made
     for out_dir are gone again (an empty out_dir had been left on the full disk)."""
-    from checkpoint import check_out_dir
+    from checkpoint import claim_out_dir
     subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=1M", "count=40"], capture_output=True)
     with pytest.raises(ValueError, match=r"cannot write to out_dir=.*: No space left on device; free some space or "
                                          r"pick another --out_dir$"):
-        check_out_dir(str(small_disk / "runs" / "first"), resuming=False, overwrite=False)
+        claim_out_dir(str(small_disk / "runs" / "first"))
     assert os.listdir(small_disk) == ["filler"]
 
 
