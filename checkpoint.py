@@ -13,6 +13,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import socket
 import struct
 import warnings
@@ -22,7 +23,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from configurator import first_line, whole_number
+from configurator import as_typed, first_line, whole_number
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, same_folder,
                    writable_directory)
@@ -85,7 +86,9 @@ def load_checkpoint(path):
     if os.path.islink(path) and not os.path.exists(path):
         raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist; point it at a checkpoint")
     if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path}; train one first with `python train.py` "
+        out_dir = os.path.dirname(path)
+        there = "" if same_folder(out_dir, OUT_DIR) else f" --out_dir={shlex.quote(out_dir)}"
+        raise ValueError(f"no checkpoint at {path}; train one first with `python train.py{there}` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
     try:
         with warnings.catch_warnings():  # damage makes torch warn on its way (a pickle protocol, TypedStorage)
@@ -155,8 +158,10 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
     model = checkpoint["model_config"]
-    differ = [f"{k}={model.get(k, v)} (now {getattr(cfg, k)})" for k, v in before.items()  # the weights' own value
-              if v != getattr(cfg, k) and model.get(k) != getattr(cfg, k)]
+    differ = {k: model.get(k, v) for k, v in before.items()  # the weights' own value
+              if v != getattr(cfg, k) and model.get(k) != getattr(cfg, k)}
+    flags = [f"--{k}={as_typed(v)}" for k, v in differ.items()]  # a config file may have changed under the run
+    differ = [f"{k}={v} (now {getattr(cfg, k)})" for k, v in differ.items()]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
         same_dir = same_folder(str(saved.get("data_dir", "")), cfg.data_dir)
         remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
@@ -168,14 +173,19 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     if cfg.vocab_size != saved.get("vocab_size") and model["vocab_size"] != vocab_size:
         differ.append(f"a vocabulary of {model['vocab_size']} tokens (now {vocab_size})")
     if differ:
-        raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings and data")
+        same = f" ({' '.join(flags)})" if flags else ""
+        raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings{same} and "
+                         "data")
     compared = EVALUATION_SETTINGS if cfg.eval_only else [  # nothing trains: only what changes the evaluation
         f.name for f in fields(cfg) if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS + unused_by_optimizer(cfg)]
     was = {name: saved.get(name, getattr(defaults, name)) for name in compared  # newer settings: their default
            if not (name in RESOLVED_SETTINGS and saved.get(name) == getattr(defaults, name))}
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
-    changed = [f"{name} {value} -> {getattr(cfg, name)}" for name, value in was.items() if value != getattr(cfg, name)]
+    kept = {name: f" (the default now; --{name}={as_typed(value)} keeps it)" for name, value in was.items()
+            if getattr(cfg, name) == getattr(defaults, name)}  # left at a default that changed since: how to keep it
+    changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
+               if value != getattr(cfg, name)]
     before, now = checkpoint.get("splits") or {}, splits or {}  # none in a checkpoint older than the record
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
                 for name in now if name in before and before[name] != now[name]]

@@ -36,7 +36,7 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resu
                         saved_ranks, set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, under_torchrun
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, meta_path, prepare_default_corpus
+from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
@@ -365,9 +365,12 @@ def check_data(cfg, data):
     if cfg.from_weights:
         check_not_an_out_dir(cfg.init_from)
         if data.meta["tokenizer"] != "gpt2":
+            there = gpt2_data_dir(cfg.data_dir) or "DIR"  # the same plays in GPT-2's tokens, or text of one's own
+            how = (prepare_command(there) if there != "DIR" else
+                   "python data/prepare.py --tokenizer=gpt2 --input=FILE --out_dir=DIR")
             raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
-                             f"holds {data.meta['tokenizer']} tokens; prepare it with "
-                             "`python data/prepare.py --tokenizer=gpt2 ...`")
+                             f"holds {data.meta['tokenizer']} tokens; prepare such data with `{how}` and give "
+                             f"--data_dir={there}")
 
 
 def load_resume_point(cfg):

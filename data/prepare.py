@@ -69,6 +69,13 @@ SHAKESPEARE_DIRS = {("char", "all"): SHAKESPEARE_CHAR_DIR, ("char", "tiny"): "da
 HUB_DATA_DIRS = {"data/openwebtext": "Skylion007/openwebtext"}
 
 
+def gpt2_data_dir(data_dir):
+    """For a folder of Shakespeare in characters (SHAKESPEARE_DIRS), the folder of the same plays in GPT-2's
+    tokens; None for any other."""
+    return next((SHAKESPEARE_DIRS[("gpt2", plays)] for (tokenizer, plays), path in SHAKESPEARE_DIRS.items()
+                 if tokenizer == "char" and same_folder(data_dir, path)), None)
+
+
 def prepare_command(data_dir):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
     make it, for any other the form that prepares a text file there."""

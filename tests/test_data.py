@@ -445,6 +445,14 @@ def test_the_command_named_for_each_shakespeare_dir_prepares_that_dir(tmp_path, 
     assert made == [os.path.normpath(path) for path in SHAKESPEARE_DIRS.values()]
 
 
+def test_shakespeare_in_characters_names_the_same_plays_in_gpt2s_tokens():
+    """Where init_from=gpt2 meets character data, the fix names the folder GPT-2's tokens of the same plays go to."""
+    from data.prepare import gpt2_data_dir
+    assert gpt2_data_dir("data/shakespeare_char/") == "data/shakespeare"
+    assert gpt2_data_dir("data/tiny_shakespeare") == "data/tiny_shakespeare_gpt2"
+    assert gpt2_data_dir("data/shakespeare") is None and gpt2_data_dir("data/mytext") is None
+
+
 def test_every_shipped_config_reads_data_whose_preparation_is_known():
     """A config's data_dir not prepared yet names its own preparation, not "--input=FILE" (a new config
     on a Hub dataset adds its dir to HUB_DATA_DIRS)."""

@@ -1373,6 +1373,12 @@ CASES = [
     Case("resume-a-setting-this-code-does-not-take", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck["config"], "activation", "swish"))),
          lambda c: ["was trained with a setting this code does not take (unknown activation 'swish'"]),
+    # GPT-2's weights on characters: how to prepare GPT-2's tokens, and to train on them (not over data_dir's)
+    Case("init-from-gpt2-weights-on-character-data", lambda c: [
+        (c.dir / "hf").mkdir(), (c.dir / "hf" / "config.json").write_text("{}"),
+        *train_args(c, f"--init_from={c.dir}/hf")][2:],
+         lambda c: [f"holds char tokens; prepare such data with `python data/prepare.py --tokenizer=gpt2 --input=FILE "
+                    "--out_dir=DIR` and give --data_dir=DIR"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
          lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
                     f"--out_dir={c.trained}"]),
@@ -1383,7 +1389,8 @@ CASES = [
     Case("resume-a-checkpoint-older-than-a-model-setting", lambda c: train_args(
         c, "--init_from=resume", "--activation=gelu", out=c.ckpt_with(
             lambda ck: [ck["config"].pop("activation"), ck["model_config"].pop("activation")])),
-         lambda c: ["activation=gelu_tanh (now gelu)"]),
+         lambda c: ["activation=gelu_tanh (now gelu); resume with the same model settings (--activation=gelu_tanh) "
+                    "and data"]),
     Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
     Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),
@@ -1429,8 +1436,8 @@ CASES = [
     Case("sample-more-tokens-than-memory", lambda c: sample_args(c, "--max_new_tokens=10000000000000"),
          lambda c: ["10,000,000,000,001 tokens", "GiB"]),
     Case("sample-temperature-nan", lambda c: sample_args(c, "--temperature=nan"), lambda c: ["temperature", "finite"]),
-    Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),
-         lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt")]),
+    Case("sample-no-checkpoint", lambda c: sample_args(c, out=c.dir / "out"),  # the command trains into that folder
+         lambda c: ["no checkpoint", str(c.dir / "out" / "ckpt.pt"), f"`python train.py --out_dir={c.dir / 'out'}`"]),
     Case("sample-shape-mismatch",
          lambda c: sample_args(c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_embd", 32))),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "incompatible"]),

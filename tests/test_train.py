@@ -468,6 +468,24 @@ def test_a_run_of_an_earlier_default_resumes_with_its_command_line(tmp_path, dat
     assert refused.value.code == 2 and "activation=relu2 (now gelu)" in capsys.readouterr().err
 
 
+def test_a_training_setting_whose_default_changed_says_how_to_keep_it(tmp_path, data_dir, capsys):
+    """A run trained when min_lr's default was 2e-4 resumes at today's default (training settings follow the
+    command line), and the note says so and names the flag that keeps the checkpoint's value; a value given
+    on the command line gets no such advice."""
+    import train
+    from checkpoint import save_checkpoint
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, warmup_iters=0))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    checkpoint["config"]["min_lr"] = 2e-4  # the default then
+    save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3, warmup_iters=0, init_from="resume",
+                           learning_rate=1e-3))
+    out = capsys.readouterr().out
+    assert "note: learning_rate 0.002 -> 0.001, max_iters 2 -> 3, min_lr 0.0002 -> 0.0 (the default now; " \
+        "--min_lr=0.0002 keeps it) since the checkpoint;" in out, out
+
+
 def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_path, data_dir, monkeypatch):
     """Under torchrun the ranks agree on the clock only every few seconds; evaluations recorded that agreed
     time, so two of them could say the same second, and loss.png's time axis went back. Here no agreement
@@ -568,7 +586,8 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert other.returncode == 2 and "a vocabulary of 50257 tokens (now 50400)" in other.stderr, other.stderr
     # another shape is refused naming the weights' value, not the flags' n_layer=6; the weights' own resumes
     changed = launch("train.py", *common, "--init_from=resume", "--n_layer=2", "--max_iters=6")
-    assert changed.returncode == 2 and "trained with n_layer=1 (now 2)" in changed.stderr, changed.stderr
+    assert changed.returncode == 2 and "trained with n_layer=1 (now 2); resume with the same model settings " \
+        "(--n_layer=1) and data" in changed.stderr, changed.stderr
     check_ok(launch("train.py", *common, "--init_from=resume", "--n_layer=1", "--n_head=2", "--n_embd=16",
                     "--max_iters=6"))
     too_long = launch("train.py", *common, f"--init_from={weights}", "--block_size=80", f"--out_dir={tmp_path / 'x'}")
