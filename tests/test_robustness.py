@@ -1377,7 +1377,7 @@ CASES = [
     Case("init-from-gpt2-weights-on-character-data", lambda c: [
         (c.dir / "hf").mkdir(), (c.dir / "hf" / "config.json").write_text("{}"),
         *train_args(c, f"--init_from={c.dir}/hf")][2:],
-         lambda c: [f"holds char tokens; prepare such data with `python data/prepare.py --tokenizer=gpt2 --input=FILE "
+         lambda c: ["holds char tokens; prepare such data with `python data/prepare.py --tokenizer=gpt2 --input=FILE "
                     "--out_dir=DIR` and give --data_dir=DIR"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
          lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
