@@ -16,6 +16,7 @@ import inspect
 import io
 import math
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -259,6 +260,8 @@ def load_config(cls, argv):
         if os.path.exists(path) and not os.path.isfile(path):
             raise ConfigError(f"config file {path!r} is a {'directory' if os.path.isdir(path) else 'pipe or device'}; "
                               "give a TOML file")
+        if not os.path.isfile(path) and re.fullmatch(r"[A-Za-z_]\w*=.*", path, re.S):  # nanoGPT's way: key=value
+            raise ConfigError(f"{path!r} is neither a config file nor a flag; did you mean --{path}?")
         if not os.path.isfile(path):
             here = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
             listed = f"; configs/ has: {', '.join(here)}" if here else ""

@@ -310,7 +310,9 @@ def draw_attention(model, tokenizer, ids, cfg):
     (.html), of the whole text, the prompt and what the model then writes (continuation)."""
     c = model.config
     if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
-        fail(f"attention_layer must be in [0, {c.n_layer}) and attention_head in [0, {c.n_head}) for this model")
+        fail(f"attention_layer={cfg.attention_layer}, attention_head={cfg.attention_head}: this model has {c.n_layer} "
+             f"layers and {c.n_head} heads; give --attention_layer from 0 to {c.n_layer - 1} and --attention_head "
+             f"from 0 to {c.n_head - 1}")
     if cfg.attention_map.lower().endswith(".html"):
         text = ids + continuation(model, tokenizer, ids, cfg)
         title = cfg.init_from if cfg.init_from != "resume" else ckpt_path(cfg.out_dir)

@@ -176,7 +176,7 @@ def _existing_files(files):
     file fails at once rather than after the others have been processed."""
     files = [files] if isinstance(files, (str, os.PathLike)) else list(files)
     if not files:
-        raise ValueError("no input files")
+        raise ValueError("no input files: give --input=a.txt (or a.txt,b.txt)")
     for path in files:
         check_text_file(path, "--input=", instead=f"the text files in it (--input=a.txt,b.txt), or the "
                                                   f"directory as --dataset={path}")
@@ -339,14 +339,18 @@ def _join_documents(docs):
     return "".join(doc if doc.endswith("\n") or i == len(docs) - 1 else doc + "\n" for i, doc in enumerate(docs))
 
 
+EMPTY_TEXT = "the text is empty: give --input files or a --dataset that hold some"
+
+
 def prepare_char(text, out_dir, val_text=None):
     """Character-level train.bin / val.bin and meta.json: val.bin from val_text if given, else the
     last 10% of text. The vocabulary is every character of both, so validation has no unknown ones."""
     if not text:
-        raise ValueError("the text is empty")
+        raise ValueError(EMPTY_TEXT)
     tok = CharTokenizer(text if val_text is None else text + val_text)
     if tok.vocab_size > np.iinfo(TOKEN_DTYPE).max + 1:
-        raise ValueError(f"{tok.vocab_size} distinct characters do not fit in {TOKEN_DTYPE.name} token ids")
+        raise ValueError(f"{tok.vocab_size} distinct characters do not fit in {TOKEN_DTYPE.name} token ids; use "
+                         "--tokenizer=gpt2, whose tokens spell any text")
     if val_text is None:
         n_train = _split_point(len(text))
         text, val_text = text[:n_train], text[n_train:]
@@ -429,7 +433,7 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
         with open(train_tmp, "wb") as f:
             n_all = _stream_tokens(train_docs, f, total=train_total, desc="train")
         if n_all == 0:
-            raise ValueError("the text is empty")
+            raise ValueError(EMPTY_TEXT)
         if val_docs is not None:
             with open(val_tmp, "wb") as f:
                 n_val = _stream_tokens(val_docs, f, total=val_total, desc="val")

@@ -163,7 +163,7 @@ def test_validation_cut_from_the_text_or_given_needs_the_same_minimum(tmp_path, 
 
 def test_messages_name_the_token_files_type_from_token_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(data.prepare, "TOKEN_DTYPE", np.dtype(np.uint8))
-    with pytest.raises(ValueError, match="300 distinct characters do not fit in uint8 token ids"):
+    with pytest.raises(ValueError, match="300 distinct characters do not fit in uint8 token ids; use --tokenizer=gpt2"):
         prepare_char("".join(map(chr, range(256, 556))), str(tmp_path / "d"))
     monkeypatch.setattr(data.loader, "TOKEN_DTYPE", np.dtype(np.uint32))
     (tmp_path / "train.bin").write_bytes(bytes(6))
@@ -640,7 +640,9 @@ def test_cli_errors(tmp_path, run_main):
             (["--input=a.txt,pipe", "--out_dir=x"], pipe),
             (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),
             (["--input=latin1.txt", "--out_dir=x"], "--input=latin1.txt is not UTF-8 text"),
-            (["--input=empty.txt", "--out_dir=x"], "the text is empty"),
+            (["--input=empty.txt", "--out_dir=x"],
+             "the text is empty: give --input files or a --dataset that hold some"),
+            (["--input=,", "--out_dir=x"], "no input files: give --input=a.txt (or a.txt,b.txt)"),
             (["--input=tiny.txt", "--out_dir=x", "--tokenizer=char"], "too little text: 2 train / 1 val tokens")):
         status, _, err = run_main(*args, cwd=tmp_path)
         assert_one_error_line(status, err, expected)

@@ -320,7 +320,9 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     samples = launch("sample.py", f"--out_dir={out}", "--attention_layer=1", "--max_new_tokens=3", "--seed=3")
     assert samples.returncode == 0 and samples.stderr == "note: --attention_layer is not used for samples\n"
     bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
-    assert bad.returncode == 2 and "attention_layer" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and bad.stderr == ("error: attention_layer=5, attention_head=0: this model has 2 "
+                                                  "layers and 2 heads; give --attention_layer from 0 to 1 and "
+                                                  "--attention_head from 0 to 1\n"), bad.stderr
 
 
 def test_sample_draws_the_layer_and_head_it_is_asked_for_from_the_models_own_weights(monkeypatch):

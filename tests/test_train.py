@@ -1708,6 +1708,13 @@ def test_sample_takes_every_seed_its_check_allows(SampleConfig):
         SampleConfig(seed=2**63)
 
 
+def test_a_setting_without_its_dashes_is_named_as_a_flag(TrainConfig):
+    """nanoGPT's configurator reads `n_layer=2`; here that is a file name unless it says --."""
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, ["n_layer=2"])
+    assert str(e.value) == "'n_layer=2' is neither a config file nor a flag; did you mean --n_layer=2?"
+
+
 def test_flag_without_equals_is_named_before_a_file_is_read(TrainConfig):
     with pytest.raises(ConfigError, match=r"--key=value \(e.g. --input=...\)"):
         load_config(TrainConfig, ["--input", "a.txt"])
