@@ -113,6 +113,15 @@ def type_name(tp):
     return {type(None): "none", bool: "true or false"}.get(tp, tp.__name__)
 
 
+def parses_as(tp, text):
+    """Whether tp(text) reads text as a value of type tp (int("2"), float("1e-3"))."""
+    try:
+        tp(text)
+    except ValueError:
+        return False
+    return True
+
+
 def shown(value):
     """A value a user gave, as they wrote it: TOML's booleans are true and false, not Python's True and False."""
     return str(value).lower() if isinstance(value, bool) else repr(value)
@@ -146,6 +155,8 @@ def convert(key, tp, value, from_text):
             raise ConfigError(f"{key} must be true or false (or 1/0, yes/no, on/off), got {value!r}")
     elif tp in (int, float):
         ok = not isinstance(value, bool) and isinstance(value, (int,) if tp is int else (int, float))
+        if not from_text and isinstance(value, str) and parses_as(tp, value):  # a number in TOML's quotes
+            raise ConfigError(f"{key} must be {type_name(tp)}, got the string {value!r}; write it without quotes")
         if from_text:
             try:
                 value, ok = tp(value), True
@@ -275,7 +286,10 @@ def load_config(cls, argv):
             raise ConfigError(f"cannot read config file {path!r}: {e.strerror or e}") from None
         for key, value in table.items():
             check_key(key, path)
-            values[key] = convert(key, hints[key], value, from_text=False)
+            try:
+                values[key] = convert(key, hints[key], value, from_text=False)
+            except ConfigError as e:  # with several files and flags, which one said it
+                raise type(e)(f"{path}: {e}") from None
     for arg in [a for a in argv if a.startswith("--")]:
         key, _, raw = arg[2:].partition("=")
         check_key(key, "the command line")

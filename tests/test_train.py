@@ -1469,10 +1469,11 @@ DTYPES = "'auto' | 'float32' | 'bfloat16' | 'float16'"
 
 @pytest.mark.parametrize("argv_or_toml, says", [  # a value as the user wrote it: TOML's true, not Python's True
     ("--n_layer=two", "n_layer must be int, got 'two'"), ("--n_layer=2.5", "n_layer must be int, got '2.5'"),
-    ("n_layer = 2.5", "n_layer must be int, got 2.5"), ('n_layer = "2"', "n_layer must be int, got '2'"),
+    ("n_layer = 2.5", "n_layer must be int, got 2.5"),
+    ('n_layer = "2"', "n_layer must be int, got the string '2'; write it without quotes"),
     ("n_layer = true", "n_layer must be int, got true"),
     ("--learning_rate=fast", "learning_rate must be float, got 'fast'"),
-    ('learning_rate = "1e-3"', "learning_rate must be float, got '1e-3'"),
+    ('learning_rate = "1e-3"', "learning_rate must be float, got the string '1e-3'; write it without quotes"),
     ("--compile=maybe", "compile must be true or false (or 1/0, yes/no, on/off), got 'maybe'"),
     ("compile = 1", "compile must be true or false, got 1"),
     ('compile = "true"', "compile must be true or false, got the string 'true'; write it without quotes"),
@@ -1484,10 +1485,11 @@ DTYPES = "'auto' | 'float32' | 'bfloat16' | 'float16'"
     ("out_dir = 3", "out_dir must be str, got 3"),
 ])
 def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, says):
+    """The message names the value as written, and the file it is in (a run may read several)."""
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, argv)
-    assert str(e.value) == says
+    assert str(e.value) == (says if argv_or_toml.startswith("--") else f"{argv[0]}: {says}")
 
 
 def test_a_literal_of_numbers_is_set_from_the_command_line():
@@ -1513,13 +1515,14 @@ def test_a_bad_boolean_says_how_to_spell_one(tmp_path, TrainConfig, argv_or_toml
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, argv)
-    assert str(e.value) == says
+    assert str(e.value) == (says if argv_or_toml.startswith("--") else f"{argv[0]}: {says}")
 
 
 @pytest.mark.parametrize("argv_or_toml", ["--batch_size=99999999999999999999", "batch_size = -9223372036854775809"])
 def test_an_integer_beyond_64_bits_is_one_line(tmp_path, TrainConfig, SampleConfig, argv_or_toml):
     argv = [argv_or_toml] if argv_or_toml.startswith("--") else [toml(tmp_path, argv_or_toml + "\n")]
-    with pytest.raises(ConfigError, match=r"^batch_size=-?\d+ does not fit in 64 bits; give a smaller number$"):
+    with pytest.raises(ConfigError, match=r"^(\S+\.toml: )?batch_size=-?\d+ does not fit in 64 bits; give a smaller "
+                                          r"number$"):
         load_config(TrainConfig, argv)
     with pytest.raises(ConfigError, match=r"^top_k=\d+ does not fit in 64 bits"):  # an optional setting says so too
         load_config(SampleConfig, ["--top_k=99999999999999999999"])
