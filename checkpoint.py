@@ -304,7 +304,11 @@ def lock_out_dir(out_dir, made=()):
     holding it, for the message another run gets: a ValueError naming that run."""
     path = os.path.join(out_dir, ".lock")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a directory or a dangling link where the lock goes, say
+            raise ValueError(f"cannot lock out_dir={out_dir!r}: {path} cannot be opened as a file ({e.strerror}); "
+                             "remove it, or pick another --out_dir") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

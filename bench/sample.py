@@ -66,7 +66,7 @@ from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, device_type_of, dtype_name
 from model import GPT, check_sampling
-from sample import compile_for_decoding
+from sample import check_sampled_fields, compile_for_decoding
 from train import TrainConfig, model_config
 
 # Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
@@ -126,14 +126,16 @@ class SampleBench:
 def build_model(cfg):
     """(model, source): from the checkpoint, or random weights of train.py's model in cfg's shape."""
     if cfg.out_dir:
+        path = ckpt_path(cfg.out_dir)
         try:
-            ckpt = load_checkpoint(ckpt_path(cfg.out_dir))
-            model = model_from_checkpoint(ckpt, ckpt_path(cfg.out_dir),
-                                          **({"attention": cfg.attention} if cfg.attention else {}))
+            ckpt = load_checkpoint(path)
+            check_sampled_fields(ckpt, path)  # as sample.py checks it: what is missing, by name
+            model = model_from_checkpoint(ckpt, path, **({"attention": cfg.attention} if cfg.attention else {}))
             if cfg.block_size and cfg.block_size != model.config.block_size:
                 model.crop_block_size(cfg.block_size)
         except (ValueError, KeyError, TypeError, RuntimeError) as e:
-            fail(f"{ckpt_path(cfg.out_dir)}: {first_line(e)}")
+            said = first_line(e)
+            fail(said if path in said else f"{path}: {said}")  # the checkpoint's checks name it already
         return model, ckpt_path(cfg.out_dir)  # a path alone: the JSON writes it without the machine's directories
     vocab = cfg.vocab_size
     if not vocab:

@@ -548,6 +548,7 @@ def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     ("bench/train.py", "--optimizers=sgd", "optimizers: 'sgd' is not one of adamw, muon"),  # an axis not compared too
     ("bench/train.py", "--variants=execution --activations=y", "activations: 'y' is not one of gelu_tanh, gelu, relu2"),
     ("bench/train.py", "--compile=maybe", "compile must be true, false or none, got 'maybe'"),
+    ("bench/sample.py", "--out_dir=nowhere", "error: no checkpoint at nowhere/ckpt.pt; train one first"),  # named once
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
     ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
     ("bench/recipe.py", "--train_args=--help", "train_args cannot ask for --help"),

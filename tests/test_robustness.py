@@ -1112,6 +1112,18 @@ def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.parametrize("blocker", ["a directory", "a dangling link"])
+def test_something_in_the_way_of_the_lock_is_one_line(tmp_path, blocker):
+    """Where out_dir/.lock cannot be a file, the refusal says so and what to do, not Python's "[Errno 21]"."""
+    import checkpoint
+    lock = tmp_path / ".lock"
+    lock.mkdir() if blocker == "a directory" else lock.symlink_to(tmp_path / "gone" / "lock")
+    with pytest.raises(ValueError, match=rf"^cannot lock out_dir='{tmp_path}': {lock} cannot be opened as a file "
+                                         r"\((Is a directory|No such file or directory)\); remove it, or pick another "
+                                         r"--out_dir$"):
+        checkpoint.lock_out_dir(str(tmp_path))
+
+
 def contend_for(out, index, barrier, results):
     """One of several processes that start on out together: try to lock it, say whether it could.
     Process i pauses 0.1 * (i + 1) s after reading the lock (as a busy machine can make a process
