@@ -67,3 +67,15 @@ def test_the_reading_guide_names_what_each_file_holds(module):
     for name in code_names:
         assert defined(module, name), \
             f"the README says {module}.py holds {name}"
+
+
+def test_every_result_file_the_readmes_cite_is_in_the_repository():
+    """A figure's JSON or log travels with the README that cites it (`{a,b}` cites several; FILE is a placeholder)."""
+    import itertools
+    text = "".join(open(os.path.join(ROOT, name), encoding="utf-8").read() for name in ("README.md", "bench/README.md"))
+    cited = set(re.findall(r"bench/results/[\w./{},-]+\.(?:json|log|txt|out)", text)) - {"bench/results/FILE.json"}
+    assert len(cited) > 50, "the pattern no longer finds the cited files"
+    for path in cited:
+        pieces = [p[1:-1].split(",") if p.startswith("{") else [p] for p in re.split(r"(\{[^}]*\})", path)]
+        for one in map("".join, itertools.product(*pieces)):
+            assert os.path.exists(os.path.join(ROOT, one)), f"a README cites {one}, which the repository lacks"
