@@ -186,12 +186,23 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
             if getattr(cfg, name) == getattr(defaults, name)}  # left at a default that changed since: how to keep it
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
-    before, now = checkpoint.get("splits") or {}, splits or {}  # none in a checkpoint older than the record
+    before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
-                for name in now if name in before and before[name] != now[name]]
+                for name in now if name in (before or {}) and other_tokens(before[name], now[name])]
     follows = ("the evaluation follows the new values" if cfg.eval_only else
                "training follows the new values, so this run will not match an uninterrupted one")
-    return f"note: {', '.join(changed)} since the checkpoint; {follows}" if changed else ""
+    unknown = (f"note: {path} is older than the record of the token files a run trained on: that {cfg.data_dir} "
+               "still holds them cannot be checked (prepared again since, it may hold other text)"
+               if before is None else "")
+    return "\n".join(filter(None, [f"note: {', '.join(changed)} since the checkpoint; {follows}" if changed else "",
+                                   unknown]))
+
+
+def other_tokens(before, now):
+    """Whether two records of a token file differ: in full where both are meta.json's ({tokens, largest_id}),
+    else in length (data prepared by older code records none, and a run then records its files' lengths)."""
+    full = all(isinstance(r, dict) and "largest_id" in r for r in (before, now))
+    return before != now if full else token_count(before) != token_count(now)
 
 
 def token_count(record):

@@ -347,8 +347,10 @@ def load_data(cfg, setup):
         if setup.distributed:
             torch.distributed.barrier()
     meta = load_meta(cfg.data_dir)
-    return Data(*(open_split(cfg.data_dir, split, meta) for split in SPLITS), tokenizer_meta(meta),
-                meta.get("splits", {}))
+    train, val = (open_split(cfg.data_dir, split, meta) for split in SPLITS)
+    # older code's meta.json records no token files: their lengths, for a resume to compare
+    splits = meta.get("splits") or {split: {"tokens": len(tokens)} for split, tokens in zip(SPLITS, (train, val))}
+    return Data(train, val, tokenizer_meta(meta), splits)
 
 
 def check_data(cfg, data):

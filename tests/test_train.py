@@ -720,6 +720,22 @@ def test_a_resume_names_token_files_prepared_again_since_the_checkpoint(tmp_path
     again = check_ok(launch("train.py", *args, "--max_iters=4", "--init_from=resume"))
     assert re.search(rf"^note: {re.escape(str(data))}'s train.bin [\d,]+ -> [\d,]+ tokens, {re.escape(str(data))}'s "
                      r"val.bin [\d,]+ -> [\d,]+ tokens since the checkpoint", again.stdout, re.M), again.stdout
+    # data an older prepare.py wrote records no token files: their lengths are compared
+    prepare_char(TEXT, str(data))
+    meta = json.loads((data / "meta.json").read_text())
+    del meta["splits"]
+    (data / "meta.json").write_text(json.dumps(meta))
+    older_data = check_ok(launch("train.py", *args, "--max_iters=5", "--init_from=resume"))
+    assert re.search(rf"^note: {re.escape(str(data))}'s train.bin [\d,]+ -> [\d,]+ tokens", older_data.stdout,
+                     re.M), older_data.stdout
+    # a checkpoint older than the record: what cannot be checked is said
+    from checkpoint import save_checkpoint
+    checkpoint = load(tmp_path / "out" / "ckpt.pt")
+    del checkpoint["splits"]
+    save_checkpoint(checkpoint, tmp_path / "out" / "ckpt.pt")
+    older_run = check_ok(launch("train.py", *args, "--max_iters=6", "--init_from=resume"))
+    assert f"note: {tmp_path / 'out' / 'ckpt.pt'} is older than the record of the token files a run trained on: " \
+        f"that {data} still holds them cannot be checked" in older_run.stdout, older_run.stdout
 
 
 def tiny_config(data_dir, out_dir, **overrides):
