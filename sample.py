@@ -79,7 +79,8 @@ class SampleConfig:
                                  f"{', '.join(PICTURE_FORMATS)}")
             if not os.path.isdir(folder):
                 there = "is not a directory" if os.path.exists(folder) else "does not exist"
-                raise ValueError(f"attention_map={self.attention_map!r}: {folder} {there}")
+                raise ValueError(f"attention_map={self.attention_map!r}: {folder} {there}; make the folder, or "
+                                 "pick another path")
         check_threads(self.threads)
         check_at_least(self, 1, "num_samples")
 

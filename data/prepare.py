@@ -312,11 +312,13 @@ def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
                          "model trained on; name another split, or leave --val_split out to cut one from it")
     dd = load_text_dataset(dataset, cache_dir=cache_dir)
     if split not in dd:
-        raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)})")
+        raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)}); give --split=NAME "
+                         "of one of those")
     if val_split is None and "validation" in dd and split != "validation":
         val_split = "validation"
     if val_split is not None and val_split not in dd:
-        raise ValueError(f"dataset {dataset!r} has no split {val_split!r} (it has: {', '.join(dd)})")
+        raise ValueError(f"dataset {dataset!r} has no split {val_split!r} (it has: {', '.join(dd)}); give "
+                         "--val_split=NAME of one of those, or leave it out to cut one from the training split")
     for name in (split, val_split):
         if name is not None and text_column not in dd[name].column_names:
             raise ValueError(f"split {name!r} of {dataset!r} has no column {text_column!r} "

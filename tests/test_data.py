@@ -748,8 +748,10 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=missing.jsonl"], "no such file: missing.jsonl"),
     (["--dataset=mydocs/"], "no such file: mydocs/"),  # a folder's spelling, not a Hub name: no network
     (["--dataset=mixed"], "mixed mixes file types (json, text); use one kind"),
-    (["--dataset=ok.jsonl", "--split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
-    (["--dataset=ok.jsonl", "--val_split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train)"),
+    (["--dataset=ok.jsonl", "--split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train); give "
+                                               "--split=NAME of one of those"),
+    (["--dataset=ok.jsonl", "--val_split=test"], "dataset 'ok.jsonl' has no split 'test' (it has: train); give "
+                                                   "--val_split=NAME of one of those, or leave it out to cut one"),
     (["--dataset=ok.jsonl", "--val_split=train"], "--val_split=train is the training split too: validation would "
                                                   "measure text the model trained on"),
     (["--dataset=ok.jsonl", "--text_column=body"], "split 'train' of 'ok.jsonl' has no column 'body' (columns: "

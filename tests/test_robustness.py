@@ -1406,7 +1406,7 @@ CASES = [
     Case("sample-non-finite-checkpoint", lambda c: sample_args(c, out=c.ckpt_with(
         lambda ck: ck["model"]["lm_head.weight"].fill_(float("nan")))), lambda c: ["non-finite"]),
     Case("sample-attention-map-without-its-directory", lambda c: sample_args(c, f"--attention_map={c.dir}/no/a.png"),
-         lambda c: [f"{c.dir}/no does not exist"]),
+         lambda c: [f"{c.dir}/no does not exist; make the folder, or pick another path"]),
     Case("sample-attention-map-under-a-file", lambda c: (c.dir / "plain").write_text("x") and sample_args(
         c, f"--attention_map={c.dir}/plain/a.png"), lambda c: [f"{c.dir}/plain is not a directory"]),
     Case("sample-attention-map-unknown-format", lambda c: sample_args(c, f"--attention_map={c.dir}/a"),
