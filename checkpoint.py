@@ -182,8 +182,8 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
            if not (name in RESOLVED_SETTINGS and saved.get(name) == getattr(defaults, name))}
     if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
         was.pop("max_iters", None)
-    kept = {name: f" (the default now; --{name}={as_typed(value)} keeps it)" for name, value in was.items()
-            if getattr(cfg, name) == getattr(defaults, name)}  # left at a default that changed since: how to keep it
+    kept = {name: f" (the default; --{name}={as_typed(value)} keeps the checkpoint's)"  # how to keep it
+            for name, value in was.items() if getattr(cfg, name) == getattr(defaults, name)}
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
     before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record

@@ -482,8 +482,8 @@ def test_a_training_setting_whose_default_changed_says_how_to_keep_it(tmp_path, 
     train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=3, warmup_iters=0, init_from="resume",
                            learning_rate=1e-3))
     out = capsys.readouterr().out
-    assert "note: learning_rate 0.002 -> 0.001, max_iters 2 -> 3, min_lr 0.0002 -> 0.0 (the default now; " \
-        "--min_lr=0.0002 keeps it) since the checkpoint;" in out, out
+    assert "note: learning_rate 0.002 -> 0.001, max_iters 2 -> 3, min_lr 0.0002 -> 0.0 (the default; " \
+        "--min_lr=0.0002 keeps the checkpoint's) since the checkpoint;" in out, out
 
 
 def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_path, data_dir, monkeypatch):
