@@ -132,13 +132,36 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     """The GPT a loaded checkpoint holds, with `overrides` of settings that leave the weights as they
     are (attention backend, dropout); ValueError naming `path` if it does not fit this code's model."""
     try:
-        model = GPT(GPTConfig(**{**checkpoint["model_config"], **overrides}))
-        model.load_state_dict(clean_state_dict(checkpoint["model"]))
+        settings = {**checkpoint["model_config"], **overrides}
+        unknown = ", ".join(name for name in settings if name not in {f.name for f in fields(GPTConfig)})
+        if unknown:
+            raise ValueError(f"its model_config has settings this code's GPTConfig does not know ({unknown}): it was "
+                             "written by other (forked or newer) code")
+        model = GPT(GPTConfig(**settings))
+        weights = clean_state_dict(checkpoint["model"])
+        misfit = weights_misfit(model.state_dict(), weights)
+        if misfit:
+            raise ValueError(f"its weights do not fit the model its model_config describes ({misfit}): the file is "
+                             "damaged, or was written by other code")
+        model.load_state_dict(weights)
     except (KeyError, TypeError, AttributeError, ValueError, RuntimeError) as e:  # a foreign or damaged file
-        detail = " ".join(str(e).split())  # load_state_dict's first line is a header; its cause follows
-        raise ValueError(f"{path} does not match this code's model (an incompatible config): "
+        detail = " ".join(str(e).split())
+        raise ValueError(f"{path} does not match this code's model: "
                          f"{detail[:300]}{'...' if len(detail) > 300 else ''}") from None
     return model
+
+
+def weights_misfit(expected, weights):
+    """The first thing that keeps `weights` (a state dict) from loading where `expected` (the model's own
+    state dict) is, in a few words; "" if they fit."""
+    for name, tensor in expected.items():
+        if name not in weights:
+            return f"no {name}"
+        if tuple(weights[name].shape) != tuple(tensor.shape):
+            shape = " x ".join(map(str, weights[name].shape)) or "a number"
+            return f"{name} is {shape}, where that model has {' x '.join(map(str, tensor.shape)) or 'a number'}"
+    extra = [name for name in weights if name not in expected]
+    return f"{extra[0]}, which that model does not have" if extra else ""
 
 
 def check_resumable(checkpoint, path, cfg, meta, splits=None):

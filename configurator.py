@@ -32,6 +32,9 @@ class ConfigError(ValueError):
     pass
 
 
+UNQUOTE = "; write it without quotes"  # the end of the message for a value TOML read as a string
+
+
 class OutOfRange(ConfigError):
     """A value of the right type that no setting can take (an integer beyond 64 bits)."""
 
@@ -142,13 +145,14 @@ def convert(key, tp, value, from_text):
             return convert(key, next(a for a in args if a is not type(None)), value, from_text)
         except OutOfRange:
             raise
-        except ConfigError:  # the wrong kind of value: say that none is a choice too
-            raise ConfigError(f"{key} must be {type_name(tp)}, got {shown(value)}") from None
+        except ConfigError as e:  # the wrong kind of value: say that none is a choice too
+            got = f"the string {value!r}{UNQUOTE}" if str(e).endswith(UNQUOTE) else shown(value)
+            raise ConfigError(f"{key} must be {type_name(tp)}, got {got}") from None
     if tp is bool:
         if not from_text:
             ok = isinstance(value, bool)
             if isinstance(value, str):
-                raise ConfigError(f"{key} must be true or false, got the string {value!r}; write it without quotes")
+                raise ConfigError(f"{key} must be true or false, got the string {value!r}{UNQUOTE}")
         elif value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return value.lower() in ("true", "1", "yes", "on")
         else:
@@ -156,7 +160,7 @@ def convert(key, tp, value, from_text):
     elif tp in (int, float):
         ok = not isinstance(value, bool) and isinstance(value, (int,) if tp is int else (int, float))
         if not from_text and isinstance(value, str) and parses_as(tp, value):  # a number in TOML's quotes
-            raise ConfigError(f"{key} must be {type_name(tp)}, got the string {value!r}; write it without quotes")
+            raise ConfigError(f"{key} must be {type_name(tp)}, got the string {value!r}{UNQUOTE}")
         if from_text:
             try:
                 value, ok = tp(value), True

@@ -19,6 +19,9 @@ def load_meta(data_dir):
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise ValueError(f"data_dir {data_dir} is a file, not a folder: give the folder that data/prepare.py wrote "
                          "(its --out_dir), which holds train.bin, val.bin and meta.json")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file (a directory, say); prepare the data again with "
+                         f"`{prepare_command(data_dir)}`")
     if not os.path.isfile(path):
         why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
                os.path.isfile(os.path.join(data_dir, "meta.pkl")) else

@@ -475,6 +475,9 @@ def test_open_split_errors(tmp_path, monkeypatch):
     (tmp_path / "odd" / "val.bin").mkdir(parents=True)
     with pytest.raises(ValueError, match="val.bin is not a file of tokens"):
         open_split(str(tmp_path / "odd"), "val")
+    (tmp_path / "odd" / "meta.json").mkdir()
+    with pytest.raises(ValueError, match=r"meta.json is not a file \(a directory, say\); prepare the data again"):
+        load_meta(str(tmp_path / "odd"))
     (tmp_path / "train.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match="whole number"):
         open_split(str(tmp_path), "train")

@@ -1475,10 +1475,19 @@ CASES = [
     Case("sample-checkpoint-tokenizer-a-list", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: _set(ck, "tokenizer", []))), lambda c: ["tokenizer is list"]),
     # the weights of one model, the config of another: the line says which weights do not fit, not only
-    # load_state_dict's header
+    # load_state_dict's header, and that the file is to blame, not this code's settings
     Case("sample-checkpoint-whose-weights-do-not-fit-its-config", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_embd", 32))),
-         lambda c: [str(c.dir / "out" / "ckpt.pt"), "does not match this code's model", "size mismatch for"]),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "does not match this code's model: its weights do not fit the "
+                    "model its model_config describes (transformer.wte.weight is", "where that model has",
+                    "the file is damaged, or was written by other code"]),
+    Case("sample-checkpoint-with-weights-its-model-lacks", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: _set(ck["model"], "extra.weight", torch.zeros(2)))),
+         lambda c: ["(extra.weight, which that model does not have)"]),
+    Case("sample-checkpoint-with-a-setting-this-code-lacks", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: _set(ck["model_config"], "n_kv_head", 2))),
+         lambda c: ["model_config has settings this code's GPTConfig does not know (n_kv_head)",
+                    "written by other (forked or newer) code"]),
     Case("sample-checkpoint-without-model_config", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: ck.pop("model_config"))), lambda c: ["no model_config"]),
     # written by forked code with an activation this code lacks: refused, not run as another activation

@@ -1508,6 +1508,26 @@ def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, says):
     assert str(e.value) == (says if argv_or_toml.startswith("--") else f"{argv[0]}: {says}")
 
 
+@pytest.mark.parametrize("toml_line, says", [
+    ('top_k = "5"', "top_k must be int or none, got the string '5'; write it without quotes"),
+    ('use_cache = "true"', "use_cache must be true, false or none, got the string 'true'; write it without quotes"),
+    ('top_k = "many"', "top_k must be int or none, got 'many'"), ("top_k = 2.5", "top_k must be int or none, got 2.5")])
+def test_an_optional_setting_says_what_a_plain_one_says(tmp_path, toml_line, says):
+    """A setting that may be none keeps the advice its type gives: a number in quotes is to lose them."""
+    from dataclasses import dataclass
+    from typing import Optional
+
+    @dataclass
+    class Sampling:
+        top_k: Optional[int] = 200
+        use_cache: Optional[bool] = None
+
+    path = toml(tmp_path, toml_line + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Sampling, [path])
+    assert str(e.value) == f"{path}: {says}"
+
+
 def test_a_literal_of_numbers_is_set_from_the_command_line():
     """A forker's `mlp_ratio: Literal[2, 4]`: the text "2" is the choice 2, as TOML's 2 is."""
     from dataclasses import dataclass
