@@ -163,12 +163,16 @@ def read_text_file(path, flag):
     check_text_file(path, flag)
     try:  # utf-8-sig: a byte-order mark (Windows' "UTF-8 with BOM") is not text
         with open(path, encoding="utf-8-sig") as f:
-            return f.read()
+            text = f.read()
     except UnicodeDecodeError as e:
         raise ValueError(f"{flag}{path} is not UTF-8 text ({e.reason} at byte {e.start}); give a text file "
                          "saved as UTF-8") from None
     except OSError as e:  # unreadable (permissions), or gone since the check
         raise ValueError(f"{flag}{path} cannot be read ({e.strerror}); give a text file you can read") from None
+    if "\0" in text:  # ASCII-only binary data (a token file, say) decodes as UTF-8 too; text has no NUL
+        raise ValueError(f"{flag}{path} holds NUL bytes (the first at character {text.index(chr(0)):,}): it is a "
+                         "binary file, not text; give a text file")
+    return text
 
 
 class NotSavedByTorch(ValueError):

@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -85,8 +86,8 @@ def prepare_command(data_dir):
             return f"python data/prepare.py{flags}"
     for path, dataset in HUB_DATA_DIRS.items():
         if same_folder(data_dir, path):
-            return f"python data/prepare.py --dataset={dataset} --out_dir={data_dir}"
-    return f"python data/prepare.py --input=FILE --out_dir={data_dir}"
+            return f"python data/prepare.py --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
+    return f"python data/prepare.py --input=FILE --out_dir={shlex.quote(data_dir)}"
 
 
 VAL_FRACTION = 0.1
@@ -197,6 +198,14 @@ def _nonempty_documents(docs):
 # on its own may have any other suffix and is read as text; a directory's README.md is skipped.)
 _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".csv": "csv",
              ".parquet": "parquet"}
+# compressed files that datasets opens itself: data.jsonl.gz is JSON, not text with braces in it
+_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+
+
+def _data_suffix(path):
+    """The suffix that says what a data file holds, under a compression's: .jsonl for data.jsonl.gz."""
+    path = Path(path)
+    return Path(path.stem).suffix if path.suffix in _COMPRESSIONS else path.suffix
 
 
 def _local_data_files(dataset):
@@ -210,16 +219,12 @@ def _local_data_files(dataset):
         if not files:
             raise ValueError(f"no files match {dataset}")
         return _glob_splits(dataset, files)
-    if os.path.isdir(dataset):
-        from datasets.data_files import DataFilesDict, get_data_patterns
-
-        found = DataFilesDict.from_patterns(get_data_patterns(dataset), base_path=dataset)
-        splits = {str(split): sorted(f for f in files if Path(f).suffix in _BUILDERS)
-                  for split, files in found.items()}
-        splits = {split: files for split, files in splits.items() if files}
-        if not splits:
+    if os.path.isdir(dataset):  # as the glob of every data file below it, so that none is left out
+        files = sorted(f for f in glob.glob(os.path.join(dataset, "**", "*"), recursive=True)
+                       if os.path.isfile(f) and _data_suffix(f) in _BUILDERS)
+        if not files:
             raise ValueError(f"{dataset} holds no {'/'.join(_BUILDERS)} files")
-        return splits
+        return _glob_splits(os.path.join(dataset, "**"), files)
     if os.path.exists(dataset):  # there, but read once or never ends: not "no such file"
         raise ValueError(f"{dataset} is not a regular file (a pipe or a device, say); save the data in a file")
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
@@ -234,6 +239,7 @@ def _glob_splits(pattern, files):
     from datasets.data_files import SPLIT_KEYWORDS
 
     fixed = os.path.join("", *itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
+    where = f"{fixed} holds" if pattern == os.path.join(fixed, "**") else f"{pattern} matches"
     splits = {}
     for f in files:
         words = re.split(r"[-._ 0-9/\\]+", os.path.relpath(f, fixed or ".").lower())
@@ -241,8 +247,8 @@ def _glob_splits(pattern, files):
         splits.setdefault(named[0] if len(named) == 1 else None, []).append(f)
     if None in splits and len(splits) > 1:
         unnamed = ", ".join(splits[None][:3]) + (", ..." if len(splits[None]) > 3 else "")
-        raise ValueError(f"{pattern} matches files named for a split ({', '.join(s for s in splits if s)}) and files "
-                         f"of no split or of two ({unnamed}); name each file for its split, or narrow the pattern")
+        raise ValueError(f"{where} files named for a split ({', '.join(s for s in splits if s)}) and files of no "
+                         f"split or of two ({unnamed}); name each file for its split, or give only some of them")
     return {split or "train": found for split, found in splits.items()}
 
 
@@ -269,9 +275,10 @@ def _check_hub_reachable(name, timeout=5.0):
                          "to load it from your Hugging Face cache") from None
 
 
-def load_text_dataset(dataset, cache_dir=None):
-    """A datasets.DatasetDict from a Hub name or local files. Local text files give one document
-    per file (sample_by="document"), like --input, not one per line."""
+def load_text_dataset(dataset, cache_dir=None, text_column="text"):
+    """A datasets.DatasetDict from a Hub name, local files or a folder that datasets' save_to_disk wrote.
+    Local text files give one document per file (sample_by="document"), like --input, not one per line;
+    a CSV's text_column is read as text, as written (00042 stays 00042, not the number 42)."""
     try:
         import datasets
     except ImportError:
@@ -281,13 +288,20 @@ def load_text_dataset(dataset, cache_dir=None):
     if not sys.stderr.isatty():  # a log file, not a person: bars there are noise, and before an error a second line
         datasets.disable_progress_bars()
     try:
+        if any(os.path.isfile(os.path.join(dataset, name)) for name in ("dataset_dict.json", "state.json")):
+            saved = datasets.load_from_disk(dataset)  # its own JSON files are its description, not its data
+            return saved if isinstance(saved, datasets.DatasetDict) else datasets.DatasetDict(train=saved)
         files = _local_data_files(dataset)
         if files is not None:
-            kinds = {_BUILDERS.get(Path(f).suffix, "text") for split in files.values() for f in split}
+            empty = [f for split in files.values() for f in split if os.path.getsize(f) == 0]
+            if empty:  # datasets' own word for it names no file ("corresponds to no data")
+                raise ValueError(f"{empty[0]} is empty; put text in it, or leave it out of --dataset")
+            kinds = {_BUILDERS.get(_data_suffix(f), "text") for split in files.values() for f in split}
             if len(kinds) > 1:
                 raise ValueError(f"{dataset} mixes file types ({', '.join(sorted(kinds))}); use one kind")
             builder = kinds.pop()
-            extra = {"sample_by": "document", "encoding": "utf-8-sig"} if builder == "text" else {}  # as --input
+            extra = {"text": {"sample_by": "document", "encoding": "utf-8-sig"},  # as --input
+                     "csv": {"converters": {text_column: str}}}.get(builder, {})
             try:  # read afresh: datasets' cache knows a local file by its path and time, not by its bytes
                 return datasets.load_dataset(builder, data_files=files, cache_dir=cache_dir,
                                              download_mode="force_redownload", **extra)
@@ -310,7 +324,7 @@ def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
     if val_split == split:
         raise ValueError(f"--val_split={val_split} is the training split too: validation would measure text the "
                          "model trained on; name another split, or leave --val_split out to cut one from it")
-    dd = load_text_dataset(dataset, cache_dir=cache_dir)
+    dd = load_text_dataset(dataset, cache_dir=cache_dir, text_column=text_column)
     if split not in dd:
         raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)}); give --split=NAME "
                          "of one of those")

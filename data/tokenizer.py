@@ -10,6 +10,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import unicodedata
 from pathlib import Path
 
 # GPT-2's one special token; it separates documents in BPE-prepared data
@@ -45,8 +46,11 @@ class CharTokenizer:
         except KeyError:
             # name every offending character (in order of appearance) so the user can fix the prompt
             bad = list(dict.fromkeys(c for c in text if c not in self.stoi))
+            # one letter can be written two ways (é, or e and a combining accent), and both look the same
+            forms = [form for form in ("NFC", "NFD") if all(c in self.stoi for c in unicodedata.normalize(form, text))]
             raise ValueError("prompt has characters outside the vocabulary: "
-                             + ", ".join(repr(c) for c in bad)) from None
+                             + ", ".join(f"{c!r} (U+{ord(c):04X})" for c in bad)
+                             + (f"; the same text in Unicode's {forms[0]} form fits it" if forms else "")) from None
 
     def decode(self, ids):
         try:

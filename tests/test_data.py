@@ -4,6 +4,7 @@ the scripts it starts run with the Hugging Face libraries offline."""
 import contextlib
 import dataclasses
 import errno
+import gzip
 import importlib
 import json
 import os
@@ -179,7 +180,12 @@ def test_char_tokenizer():
     assert tok.decode(tok.encode("hello world")) == "hello world"
     with pytest.raises(ValueError) as e:
         tok.encode("héllo €é")
-    assert str(e.value) == "prompt has characters outside the vocabulary: 'é', '€'"
+    assert str(e.value) == "prompt has characters outside the vocabulary: 'é' (U+00E9), '€' (U+20AC)"
+    # é, as one character or as e and a combining accent, looks the same: the message says which form fits
+    for trained, typed, form in (("cafe\u0301", "café", "NFD"), ("café", "cafe\u0301", "NFC")):
+        with pytest.raises(ValueError) as e:
+            CharTokenizer(trained).encode(typed)
+        assert str(e.value).endswith(f"; the same text in Unicode's {form} form fits it"), (trained, e.value)
     with pytest.raises(ValueError):
         tok.decode([8])
 
@@ -467,6 +473,9 @@ def test_open_split_errors(tmp_path, monkeypatch):
         open_split(str(tmp_path / "nowhere"), "train")
     with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
         load_meta(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError) as e:  # a command to paste into a shell: a space does not split the path
+        load_meta(str(tmp_path / "my data"))
+    assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE --out_dir='{tmp_path / 'my data'}'`")
     # a Shakespeare dir missing a file is made again by its own command, not the char corpus's or a text file's
     monkeypatch.setitem(SHAKESPEARE_DIRS, ("gpt2", "tiny"), str(tmp_path / "tiny_gpt2"))
     for read in (lambda d: open_split(d, "val"), load_meta):
@@ -627,6 +636,7 @@ def test_cli_errors(tmp_path, run_main):
     (tmp_path / "tiny.txt").write_text("abc")
     (tmp_path / "texts").mkdir()
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "tokens.bin").write_bytes(b"Fi\x00rst\x01\x00")  # ASCII-only binary data decodes as UTF-8
     os.mkfifo(tmp_path / "pipe")  # reading it would wait for a writer
     pipe = "--input=pipe is not a regular file (a pipe or a device, say); save the text in a file and give its path"
     directory = ("--input=texts is a directory; give the text files in it (--input=a.txt,b.txt), or the "
@@ -643,6 +653,8 @@ def test_cli_errors(tmp_path, run_main):
             (["--input=a.txt,pipe", "--out_dir=x"], pipe),
             (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),
             (["--input=latin1.txt", "--out_dir=x"], "--input=latin1.txt is not UTF-8 text"),
+            (["--input=a.txt,tokens.bin", "--out_dir=x", "--tokenizer=char"], "--input=tokens.bin holds NUL bytes "
+             "(the first at character 2): it is a binary file, not text; give a text file"),
             (["--input=empty.txt", "--out_dir=x"],
              "the text is empty: give --input files or a --dataset that hold some"),
             (["--input=,", "--out_dir=x"], "no input files: give --input=a.txt (or a.txt,b.txt)"),
@@ -745,7 +757,12 @@ def datasets_cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, expected", [
     (["--dataset=bad.jsonl"], "could not load dataset 'bad.jsonl': An error occurred while generating the dataset "
                               "(JSON parse error: Missing a name for object member. in row 1)"),
-    (["--dataset=no_files"], "could not load dataset 'no_files': The directory at no_files doesn't contain any data"),
+    (["--dataset=no_files"], "no_files holds no .txt/.text/.json/.jsonl/.csv/.parquet files"),
+    (["--dataset=docs"], "docs holds files named for a split (train) and files of no split or of two "
+                         f"({os.path.join('docs', 'a.txt')}, {os.path.join('docs', 'b.txt')}); name each file for its "
+                         "split, or give only some of them"),
+    (["--dataset=empty_val"], f"{os.path.join('empty_val', 'validation.jsonl')} is empty; put text in it, or leave "
+                              "it out of --dataset"),
     (["--dataset=no*match.txt"], "no files match no*match.txt"),
     (["--dataset=notes"], "notes holds no .txt/.text/.json/.jsonl/.csv/.parquet files"),
     (["--dataset=missing.jsonl"], "no such file: missing.jsonl"),
@@ -766,7 +783,7 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=bad.parquet"], "could not load dataset 'bad.parquet' as parquet files: Parquet magic bytes not "
                                 "found in footer."),
     (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
-    ids=["malformed", "no_data_files", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
+    ids=["malformed", "no_data_files", "unnamed_files_beside_a_split", "an_empty_file", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
          "no_val_split", "val_split_is_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet",
          "a_pipe"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
@@ -787,6 +804,12 @@ def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     (tmp_path / "mixed").mkdir()
     (tmp_path / "mixed" / "train.txt").write_text("some text")
     (tmp_path / "mixed" / "validation.jsonl").write_text('{"text": "more"}\n')
+    (tmp_path / "docs").mkdir()  # a folder of documents, and one named for a split: not that one alone
+    for name in ("a.txt", "b.txt", "train.txt"):
+        (tmp_path / "docs" / name).write_text(f"text of {name}")
+    (tmp_path / "empty_val").mkdir()
+    (tmp_path / "empty_val" / "train.jsonl").write_text('{"text": "hello world"}\n')
+    (tmp_path / "empty_val" / "validation.jsonl").write_text("")
     status, _, err = run_main(*args, "--out_dir=out", cwd=tmp_path)
     assert_one_error_line(status, err, expected)
     assert not (tmp_path / "out").exists() and datasets.is_progress_bar_enabled()
@@ -887,6 +910,35 @@ def test_a_stopped_preparation_leaves_nothing_behind(tmp_path, run_main, monkeyp
     assert_one_error_line(status, err, f"stopped by {signum.name}; the data dir was left as it was", 128 + signum)
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_local_dataset_is_read_as_datasets_wrote_it_or_as_its_files_say(tmp_path, run_main, datasets_cache):
+    """A folder from save_to_disk is its data, not its JSON description; data.jsonl.gz is JSON, not text with
+    braces in it; a CSV's text column is text as written (00042, not 42); the token files and a log that
+    prepare.py and train.py leave in a folder of documents are not documents."""
+    import datasets
+    rows = [f"{i:05d}" for i in range(30)]
+    datasets.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict(train=datasets.Dataset.from_dict({"text": rows[:20]}),
+                         validation=datasets.Dataset.from_dict({"text": rows[20:]})).save_to_disk(str(tmp_path / "dd"))
+    with gzip.open(tmp_path / "rows.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": row}) + "\n" for row in rows)
+    (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f"{i},{row}\n" for i, row in enumerate(rows)))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("\n".join(rows[:15]))
+    (tmp_path / "docs" / "b.txt").write_text("\n".join(rows[15:]))
+    for leftover in ("train.bin", "val.bin", "train.log"):
+        (tmp_path / "docs" / leftover).write_bytes(b"\x00\x01" * 50)
+    joined = "\n".join(rows)
+    for source, train, val in (("saved", joined, None), ("dd", "\n".join(rows[:20]), "\n".join(rows[20:])),
+                               ("rows.jsonl.gz", joined, None), ("rows.csv", joined, None), ("docs", joined, None)):
+        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out_{source}", cwd=tmp_path)
+        assert status == 0, (source, err)
+        out = str(tmp_path / f"out_{source}")
+        tok = tokenizer_from_meta(load_meta(out))
+        text = [tok.decode(open_split(out, split).tolist()) for split in SPLITS]
+        assert text[0] + ("\n" if val else "") + text[1] == joined, source  # every row, in order, and nothing else
+        assert val is None or text == [train, val], source
 
 
 def test_a_local_dataset_file_changed_in_place_is_read_again(tmp_path, run_main, datasets_cache):
