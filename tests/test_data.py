@@ -783,9 +783,9 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=bad.parquet"], "could not load dataset 'bad.parquet' as parquet files: Parquet magic bytes not "
                                 "found in footer."),
     (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
-    ids=["malformed", "no_data_files", "unnamed_files_beside_a_split", "an_empty_file", "no_match", "no_text_files", "missing", "missing_folder", "mixed", "no_split",
-         "no_val_split", "val_split_is_split", "no_column", "not_text", "not_text_char", "a_null", "bad_parquet",
-         "a_pipe"])
+    ids=["malformed", "no_data_files", "unnamed_files_beside_a_split", "an_empty_file", "no_match", "no_text_files",
+         "missing", "missing_folder", "mixed", "no_split", "no_val_split", "val_split_is_split", "no_column",
+         "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line, and nothing before it on stderr that is not a terminal
     (datasets' progress bars were); a dataset that datasets cannot read too (its errors, pyarrow's, and the
