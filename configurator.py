@@ -125,6 +125,17 @@ def parses_as(tp, text):
     return True
 
 
+def takes_type(tp, value):
+    """Whether value is of a kind that a field of type tp holds: one of a Literal's choices' types, None
+    for an Optional, an int for a float. Its choices and range are convert's to check."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return any(type(value) is type(choice) for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(takes_type(arg, value) for arg in args)
+    return type(value) in ((int, float) if tp is float else (tp,))
+
+
 def shown(value):
     """A value a user gave, as they wrote it: TOML's booleans are true and false, not Python's True and False."""
     return str(value).lower() if isinstance(value, bool) else repr(value)

@@ -64,7 +64,8 @@ class GPTConfig:
         for f in fields(self):
             choices = get_args(f.type) if get_origin(f.type) is Literal else ()
             if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of {', '.join(choices)}")
+                raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of "
+                                 f"{', '.join(map(str, choices))}")
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}; with this "
                              f"n_embd, {can}" + (" (or use pos_embedding='learned')" if fits else ""))

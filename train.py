@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Literal, get_args
+from typing import Literal, get_args, get_type_hints
 
 import numpy as np
 import torch
@@ -34,7 +34,8 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint,
                         saved_ranks, set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
-from configurator import check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, under_torchrun
+from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, takes_type,
+                          under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -397,9 +398,9 @@ def as_run(cfg, setup, checkpoint):
     gradient_accumulation_steps as set_up resolved them; data_dir in one spelling (data/x/ is data/x)."""
     taken = {}
     if checkpoint is not None:  # a setting given otherwise is compared, and refused, by check_resumable
-        default = type(cfg)()
+        default, hints = type(cfg)(), get_type_hints(type(cfg))
         taken = {k: v for k, v in trained_settings(checkpoint).items()  # a damaged type is compared, not taken
-                 if getattr(cfg, k) == getattr(default, k) and type(v) is type(getattr(default, k))}
+                 if getattr(cfg, k) == getattr(default, k) and takes_type(hints[k], v)}
         try:
             cfg = replace(cfg, **taken)
         except ValueError as e:  # a value this code no longer has (an activation it dropped, say)
@@ -445,7 +446,7 @@ def pretrained_model(cfg, meta, setup, runtime):
     ignored = [f"{k}={getattr(wanted, k)}" for k in WEIGHT_SETTINGS  # the user's settings, not train.py's defaults
                if getattr(wanted, k) != getattr(c, k) and getattr(cfg, k) != getattr(defaults, k)]
     if setup.master:
-        print(f"init_from={cfg.init_from}: the model's shape comes from the weights ({c.n_layer} layers, "
+        print(f"init_from={cfg.init_from}: the model's settings come from the weights ({c.n_layer} layers, "
               f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"
               + (f"; not used: {', '.join(ignored)}" if ignored else ""))
     return model

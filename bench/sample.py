@@ -50,7 +50,7 @@ import time
 if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
 import torch
@@ -65,7 +65,7 @@ from configurator import check_at_least, first_line
 from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, device_type_of, dtype_name
-from model import GPT, check_sampling
+from model import GPT, GPTConfig, check_sampling
 from sample import check_sampled_fields, compile_for_decoding
 from train import TrainConfig, model_config
 
@@ -238,11 +238,11 @@ def greedy_check(cfg, generate, mine, other):
 
 def nanogpt_model(config, seed):
     """A model of the same size with nanoGPT's choices: learned positions, PyTorch's SDPA, nn.GELU() (the
-    exact GELU), no biases (its train.py's default), GPT-2's init."""
+    exact GELU), no biases (its train.py's default), GPT-2's init; every other setting GPTConfig's default
+    (GPT-2's), a forker's new ones too."""
     torch.manual_seed(seed)
-    nanogpt = replace(config, pos_embedding="learned", attention="sdpa", norm="layernorm", qk_norm=False,
-                      activation="gelu", bias=False)
-    return GPT(nanogpt)
+    size = {k: getattr(config, k) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")}
+    return GPT(GPTConfig(**size, pos_embedding="learned", attention="sdpa", activation="gelu", bias=False))
 
 
 def profile_paths(cfg, generate, paths, device):

@@ -283,6 +283,26 @@ def test_sample_bench_goals_apply_only_where_they_are_stated(capsys):
                      r"is on cuda\)\n", out), out
 
 
+def test_the_sample_bench_compares_with_nanogpts_choices_at_the_models_size():
+    """The nanoGPT baseline has the sampled model's size and nanoGPT's choices, whatever else the model's
+    config holds: this repo's options, and a forker's new field (GPTConfig's default, not the model's)."""
+    from dataclasses import asdict, dataclass
+
+    from bench.sample import nanogpt_model
+    from model import GPTConfig
+
+    @dataclass
+    class Forked(GPTConfig):
+        logit_softcap: float = 0.0
+
+    ours = Forked(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp_ratio=2, bias=False,
+                  pos_embedding="rope", norm="rmsnorm", qk_norm=True, zero_init=True, activation="relu2",
+                  logit_softcap=15.0)
+    assert asdict(nanogpt_model(ours, seed=0).config) == asdict(GPTConfig(
+        vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp_ratio=2, bias=False, attention="sdpa",
+        pos_embedding="learned", norm="layernorm", qk_norm=False, zero_init=False, activation="gelu"))
+
+
 @pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),
                                          ("bfloat16", {"kv_cache", "transformers", "transformers_fp32"})])
 def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_path, dtype, paths):

@@ -548,7 +548,7 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
               "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=2", f"--data_dir={data}",
               f"--out_dir={out}", "--n_layer=6", "--vocab_size=50304"]
     first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
-    assert "shape comes from the weights (1 layers, 2 heads, n_embd 16" in first.stdout, first.stdout
+    assert "settings come from the weights (1 layers, 2 heads, n_embd 16" in first.stdout, first.stdout
     # the one model setting given, not train.py's own defaults for a model from scratch
     assert re.search(r"; not used: vocab_size=50304, n_layer=6$", first.stdout, re.M), first.stdout
     ckpt = load(out / "ckpt.pt")
@@ -1528,6 +1528,36 @@ def test_an_optional_setting_says_what_a_plain_one_says(tmp_path, toml_line, say
     assert str(e.value) == f"{path}: {says}"
 
 
+def test_a_resume_takes_a_checkpoint_setting_of_any_kind_its_field_holds():
+    """train.as_run takes a resumed run's model settings that are of a kind their fields hold: an int where
+    a float's default was written 10000, a None or a number for an Optional, any of a Literal's kinds."""
+    from typing import Literal, Optional
+
+    from configurator import takes_type
+    assert takes_type(float, 0) and takes_type(float, 1.5) and not takes_type(float, True)
+    assert not takes_type(float, "1.5") and not takes_type(int, 1.5) and not takes_type(bool, 1)
+    assert takes_type(Optional[float], None) and takes_type(Optional[float], 2) and takes_type(int | None, None)
+    assert not takes_type(Optional[int], 2.5) and not takes_type(Optional[int], "none")
+    assert takes_type(Literal[1, 2], 3) and not takes_type(Literal[1, 2], "1")  # the choice: GPTConfig's to check
+    assert takes_type(Literal["a", 2], "b") and takes_type(Literal["a", 2], 5) and not takes_type(Literal["a"], None)
+
+
+def test_a_literal_of_numbers_in_gptconfig_names_its_choices():
+    """A forker's `n_groups: Literal[1, 2]` in GPTConfig, given 3 (a checkpoint of code with more choices):
+    a ValueError naming the choices, as for a Literal of names."""
+    from dataclasses import dataclass
+    from typing import Literal
+
+    from model import GPTConfig
+
+    @dataclass
+    class Forked(GPTConfig):
+        n_groups: Literal[1, 2] = 1
+
+    with pytest.raises(ValueError, match=r"^unknown n_groups 3; choose one of 1, 2$"):
+        Forked(n_groups=3)
+
+
 def test_a_literal_of_numbers_is_set_from_the_command_line():
     """A forker's `mlp_ratio: Literal[2, 4]`: the text "2" is the choice 2, as TOML's 2 is."""
     from dataclasses import dataclass
@@ -1939,8 +1969,8 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
     shutil.copytree(Path(ROOT) / "data", repo / "data", ignore=lambda d, names: [n for n in names if ".py" not in n])
     model_py = (repo / "model.py").read_text()
     assert NEW_FIELD in model_py and model_py.count("10000.0 **") == 1
-    model_py = model_py.replace(NEW_FIELD,
-                                NEW_FIELD + "    rope_base: float = 10000.0  # rotary angles: p / rope_base^(2i/hs)\n")
+    model_py = model_py.replace(NEW_FIELD,  # a float field with an int default, as a forker may write it
+                                NEW_FIELD + "    rope_base: float = 10000  # rotary angles: p / rope_base^(2i/hs)\n")
     (repo / "model.py").write_text(model_py.replace("10000.0 **", "config.rope_base **"))
 
     out = tmp_path / "out"
@@ -1951,6 +1981,8 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
     assert refused.returncode == 2 and "rope_base=500.0 (now 600.0)" in refused.stderr, refused.stderr
     check_ok(launch(str(repo / "train.py"), *args, "--rope_base=500", "--init_from=resume", "--max_iters=3"))
     assert load(out / "ckpt.pt")["iter_num"] == 3
+    resumed = check_ok(launch(str(repo / "train.py"), *args, "--init_from=resume", "--max_iters=4"))  # left out: taken
+    assert "rope_base=500.0" in resumed.stdout and load(out / "ckpt.pt")["model_config"]["rope_base"] == 500.0
     # sample.py's greedy text is that of the fork's GPT built from the checkpoint's rope_base=500, not of one
     # left at 10000: the two differ where attention is sharp (its weights scaled up), so that this can fail
     checkpoint = load(out / "ckpt.pt")
@@ -1963,7 +1995,7 @@ def test_a_new_model_option_is_one_field_in_gptconfig(tmp_path, data_dir, launch
     by_base = json.loads(check_ok(launch(str(repo / "greedy.py"), str(out / "ckpt.pt"), "All", "40")).stdout)
     assert sample.stdout.split(SEPARATOR)[0] == by_base["500.0"] != by_base["10000.0"], (sample.stdout, by_base)
     helped = check_ok(launch(str(repo / "train.py"), "--help")).stdout
-    assert re.search(r"--rope_base=10000.0 +rotary angles", helped), helped
+    assert re.search(r"--rope_base=10000 +rotary angles", helped), helped
 
 
 def test_sample_py_runs_the_model_with_every_runtime_setting_its_config_has():
