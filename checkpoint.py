@@ -14,6 +14,7 @@ import pickle
 import random
 import re
 import shlex
+import shutil
 import socket
 import struct
 import warnings
@@ -25,8 +26,8 @@ import torch
 
 from configurator import as_typed, first_line, whole_number
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
-from files import (NotSavedByTorch, atomic_write, load_torch_file, remove_empty_directories, same_folder,
-                   writable_directory)
+from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
+                   same_folder, writable_directory)
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
 from optim import schedule_reads_max_iters, unused_by_optimizer
 
@@ -319,13 +320,25 @@ def check_out_dir(out_dir, resuming, overwrite):
                          "--out_dir, or start again in this one with --overwrite=true")
 
 
-def claim_out_dir(out_dir):
+def claim_out_dir(out_dir, checkpoint_bytes):
     """Once every check has passed, before training (not after hours of it): out_dir can be written (a 1 MiB
-    probe: not full, not read-only), and it is this run's alone (lock_out_dir). Directories made here go
-    again with the lock where the run leaves them empty (stopped before its first save)."""
+    probe: not read-only), it has room for a checkpoint of at least checkpoint_bytes, and it is this run's
+    alone (lock_out_dir). Directories made here go again with the lock where the run leaves them empty
+    (stopped before its first save). A killed save's temporary file, which holds room, goes first."""
+    clear_stale_temporaries(ckpt_path(out_dir))
     with writable_directory(out_dir, "out_dir", room=1 << 20) as made:  # a failed probe leaves no empty out_dir
-        pass
+        free = shutil.disk_usage(out_dir).free
+        if free < checkpoint_bytes:
+            raise ValueError(f"out_dir={out_dir!r} has {free / 1e6:,.1f} MB free, and a checkpoint of this model "
+                             f"takes at least {checkpoint_bytes / 1e6:,.1f} MB (its weights and optimizer state); "
+                             "free some space, or pick another --out_dir")
     lock_out_dir(out_dir, made)
+
+
+def smallest_checkpoint(model):
+    """Bytes that a checkpoint of model takes at least: its weights, and one optimizer slot each (Muon's
+    momentum; AdamW keeps two)."""
+    return 2 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 HELD_LOCKS = {}  # out_dir -> (the open file descriptor of its .lock, the directories made for it), while held
@@ -368,7 +381,7 @@ def unlock_out_dir(out_dir):
     if fd is not None:
         try:
             os.remove(os.path.join(out_dir, ".lock"))
-        except FileNotFoundError:  # out_dir was removed under the run
+        except OSError:  # out_dir was removed, or made read-only, under the run: the flock goes all the same
             pass
         os.close(fd)
         remove_empty_directories(made)

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import zipfile
+import zlib
 
 
 def cache_home():
@@ -189,7 +190,11 @@ def load_torch_file(path):
     if not zipfile.is_zipfile(path):
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
     with zipfile.ZipFile(path) as archive:  # torch.load checks no record's CRC-32: a tensor's flipped bytes would load
-        damaged = archive.testzip()
+        try:
+            damaged = archive.testzip()
+        except zlib.error as e:  # a flipped bit in a record's header: stored bytes read as compressed ones
+            raise zipfile.BadZipFile(f"a record cannot be read ({e}): the file was damaged after it was "
+                                     "written") from None
     if damaged is not None:
         raise zipfile.BadZipFile(f"its record {damaged} fails its CRC-32 check: the file was damaged after it was "
                                  "written")

@@ -10,6 +10,7 @@ order, and the functions after it are its steps.
 """
 import collections
 import contextlib
+import errno
 import os
 import random
 import secrets
@@ -33,7 +34,8 @@ from tqdm.auto import tqdm
 from attention import check_backend
 from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
                         ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint,
-                        saved_ranks, set_rng_state, torch_rng_state, trained_settings, unlock_out_dir)
+                        saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state, trained_settings,
+                        unlock_out_dir)
 from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, takes_type,
                           under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
@@ -219,7 +221,7 @@ def main(cfg):
                 note = "\n".join(filter(None, [note, stateless]))
                 del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
-                claim_out_dir(cfg.out_dir)
+                claim_out_dir(cfg.out_dir, smallest_checkpoint(model))
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
@@ -851,10 +853,10 @@ def save(state, cfg, data, setup, reason, final=False):
                       "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}
         problem = write_checkpoint(checkpoint, path, cfg, state)
     if final:  # no evaluation is left to try again at
-        fail_together(problem and f"{problem}; free some space, or pick another --out_dir, and run again", status=1,
+        fail_together(problem and f"{problem}, or pick another --out_dir, and run again", status=1,
                       rank_0_checks=True)  # rank 0 writes it
     elif problem:
-        print(f"warning: {problem}; training goes on and tries again at the next evaluation")
+        print(f"warning: {problem}: training goes on and tries again at the next evaluation")
     written = gather(problem is None)[0]  # rank 0's: every rank then says the same of out_dir's checkpoint
     state.saved = state.saved or written
     if written and setup.master:
@@ -863,14 +865,16 @@ def save(state, cfg, data, setup, reason, final=False):
 
 
 def write_checkpoint(checkpoint, path, cfg, state):
-    """Write it (checkpoint.save_checkpoint); None, or what went wrong, in words."""
+    """Write it (checkpoint.save_checkpoint); None, or what went wrong and what would fix it, in words."""
     try:
         save_checkpoint(checkpoint, path)
         return None
     except OSError as e:
         whose = "the previous" if has_checkpoint(cfg, state) else "an earlier run's"  # --overwrite=true's
         kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
-        return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}"
+        fix = ("make it writable" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else  # remounted, chmod
+               "free some space")
+        return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}; {fix}"
 
 
 def has_checkpoint(cfg, state):

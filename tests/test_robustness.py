@@ -11,6 +11,7 @@ About temporary files: save_checkpoint writes `.ckpt.pt.tmp<pid>` beside ckpt.pt
 over ckpt.pt. A process killed with SIGKILL mid-save cannot clean up, so that temp file stays
 behind (ckpt.pt itself is intact) until the next save removes it; nothing else may be left."""
 import collections
+import errno
 import importlib.util
 import json
 import os
@@ -282,6 +283,23 @@ def test_bytes_damaged_inside_a_checkpoint_s_tensor_are_refused_not_trained_on(t
     assert re.fullmatch(rf"{re.escape(str(path))} is truncated or corrupt and cannot be loaded \(BadZipFile: its "
                         r"record \S+/data/0 fails its CRC-32 check: the file was damaged after it was written\)",
                         str(e.value)), e.value
+
+
+def test_a_flipped_bit_in_a_checkpoint_s_zip_directory_is_refused_not_a_traceback(tmp_path):
+    """A record's compression method flipped from stored to deflate in the archive's directory: its bytes
+    were read as compressed ones, and zlib's error came out of the CRC-32 check as a traceback."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"model": {"w": torch.arange(4096, dtype=torch.float32)}, "iter_num": 3}, str(path))
+    data = bytearray(path.read_bytes())
+    entry = data.index(b"PK\x01\x02")  # the first record's entry in the central directory
+    assert data[entry + 10:entry + 12] == b"\x00\x00"  # stored: torch.save compresses nothing
+    data[entry + 10] = 8  # deflate
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(str(path))
+    assert re.fullmatch(rf"{re.escape(str(path))} is truncated or corrupt and cannot be loaded \(BadZipFile: a "
+                        r"record cannot be read \(Error -3 while decompressing data: .*\): the file was damaged after "
+                        r"it was written\)", str(e.value)), e.value
 
 
 def test_a_token_file_damaged_since_it_was_prepared_is_one_line_not_a_traceback(tmp_path, launch):
@@ -1177,8 +1195,45 @@ def test_an_out_dir_on_a_full_disk_is_refused_and_not_left_behind(small_disk):
     subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=1M", "count=40"], capture_output=True)
     with pytest.raises(ValueError, match=r"cannot write to out_dir=.*: No space left on device; free some space or "
                                          r"pick another --out_dir$"):
-        claim_out_dir(str(small_disk / "runs" / "first"))
+        claim_out_dir(str(small_disk / "runs" / "first"), 0)
     assert os.listdir(small_disk) == ["filler"]
+
+
+def test_an_out_dir_without_room_for_one_checkpoint_is_refused_before_training(small_disk):
+    """A disk with room for the probe but not for one checkpoint: refused at the start, not after a whole
+    run whose every save failed; a killed save's temporary file, holding the room, is cleared first (a
+    resume had been refused for want of the space its own leftover took)."""
+    from checkpoint import claim_out_dir, unlock_out_dir
+    from files import temporary_path
+    out = small_disk / "out"
+    out.mkdir()
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=1M", "count=20"], capture_output=True)
+    with pytest.raises(ValueError, match=r"^out_dir='.*' has [\d.]+ MB free, and a checkpoint of this model takes at "
+                                         r"least 15\.0 MB \(its weights and optimizer state\); free some space, or "
+                                         r"pick another --out_dir$"):
+        claim_out_dir(str(out / "new"), 15_000_000)
+    assert os.listdir(out) == []
+    killed = temporary_path(str(out / "ckpt.pt"), 2**22 + 12345)  # a process that is not there
+    os.rename(small_disk / "filler", killed)
+    claim_out_dir(str(out), 15_000_000)
+    unlock_out_dir(str(out))
+    assert os.listdir(out) == []
+
+
+def test_an_out_dir_made_read_only_under_the_run_is_given_back_without_a_traceback(tmp_path, monkeypatch):
+    """Its .lock cannot be removed: it stays, and the lock (the flock) goes with the file descriptor."""
+    import checkpoint
+    checkpoint.lock_out_dir(str(tmp_path))
+
+    def read_only(path):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint.os, "remove", read_only)
+        checkpoint.unlock_out_dir(str(tmp_path))
+    assert str(tmp_path) not in checkpoint.HELD_LOCKS
+    checkpoint.lock_out_dir(str(tmp_path))  # free to take again
+    checkpoint.unlock_out_dir(str(tmp_path))
 
 
 def test_a_full_disk_keeps_the_last_checkpoint_and_training_goes_on(small_disk, data_dir, launch):

@@ -6,6 +6,7 @@ runs go through conftest's `launch` (a process forked from a server that has alr
 REAL_SUBPROCESS=1 makes those plain subprocesses too). All run with OMP_NUM_THREADS=1: a tiny model
 gains nothing from threads, and on a busy 2-core machine OpenMP's spinning threads make each step
 ~100x slower."""
+import errno
 import json
 import os
 import re
@@ -1120,6 +1121,17 @@ def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_p
     assert status == 1 and out.err == (f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 4: No space left "
                                        f"on device; {tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; "
                                        "free some space, or pick another --out_dir, and run again\n"), out.err
+    assert ("free some space: training goes on and tries again at the next evaluation\n") in out.out
+
+    def read_only(checkpoint, path):  # out_dir remounted read-only, or made immutable, under the run
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(train, "save_checkpoint", read_only)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=2,
+                                                eval_interval=2), capsys)
+    assert status == 1 and out.err.endswith(": Read-only file system; "
+                                            f"{tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; make it "
+                                            "writable, or pick another --out_dir, and run again\n"), out.err
     assert load(tmp_path / "ckpt.pt")["run_id"] == earlier
 
 
