@@ -211,7 +211,8 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
     before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record
-    changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])} tokens"
+    changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])}"
+                + (" tokens" if token_count(before[name]) != token_count(now[name]) else " other tokens")
                 for name in now if name in (before or {}) and other_tokens(before[name], now[name])]
     follows = ("the evaluation follows the new values" if cfg.eval_only else
                "training follows the new values, so this run will not match an uninterrupted one")
@@ -223,10 +224,12 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
 
 
 def other_tokens(before, now):
-    """Whether two records of a token file differ: in full where both are meta.json's ({tokens, largest_id}),
-    else in length (data prepared by older code records none, and a run then records its files' lengths)."""
-    full = all(isinstance(r, dict) and "largest_id" in r for r in (before, now))
-    return before != now if full else token_count(before) != token_count(now)
+    """Whether two records of a token file differ: in what both record where both are meta.json's ({tokens,
+    largest_id}, and crc32 since it was added), else in length (data prepared by older code records none, and
+    a run then records its files' lengths)."""
+    if all(isinstance(r, dict) and "largest_id" in r for r in (before, now)):
+        return any(before[k] != now[k] for k in before.keys() & now.keys())
+    return token_count(before) != token_count(now)
 
 
 def token_count(record):

@@ -34,9 +34,8 @@ def load_meta(data_dir):
             raise ValueError("it is not a JSON object with an integer vocab_size")
         tokenizer_from_meta(meta)  # names a tokenizer this code has, and is whole
         splits = meta.get("splits", {})
-        if not (isinstance(splits, dict) and all(isinstance(r, dict) and all(
-                whole_number(r.get(k)) for k in ("tokens", "largest_id")) for r in splits.values())):
-            raise ValueError("its splits are not {name: {tokens, largest_id}} with integer values")
+        if not (isinstance(splits, dict) and all(map(whole_record, splits.values()))):
+            raise ValueError("its splits are not {name: {tokens, largest_id, crc32}} with integer values")
     except TokenizerUnavailable:  # the install's fault: preparing the data again would fail the same way
         raise
     except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
@@ -44,6 +43,13 @@ def load_meta(data_dir):
         raise ValueError(f"{path} is damaged ({why}); prepare the data again with "
                          f"`{prepare_command(data_dir)}`") from None
     return meta
+
+
+def whole_record(record):
+    """Whether meta.json's record of a token file has integer tokens, largest_id and crc32 (data prepared
+    before the checksum was recorded has none)."""
+    return (isinstance(record, dict) and all(whole_number(record.get(k)) for k in ("tokens", "largest_id"))
+            and whole_number(record.get("crc32", 0)))
 
 
 def tokenizer_meta(meta):

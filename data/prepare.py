@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import urllib.request
+import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
@@ -123,6 +124,14 @@ def _write_tokens(ids, f):
                          f"{e.strerror or e}; free some space there, or prepare the data elsewhere") from None
 
 
+def _crc32(tokens, chunk=1 << 26):
+    """The CRC-32 of a token file's bytes, read a chunk at a time (OpenWebText's train.bin is 18 GB)."""
+    crc = 0
+    for start in range(0, len(tokens), chunk):
+        crc = zlib.crc32(tokens[start:start + chunk], crc)
+    return crc
+
+
 def _publish(out_dir, staged, meta):
     """Rename the finished files into place. meta.json marks a complete data dir, so it is removed
     before the first rename and written last: a crash in between leaves no meta.json rather than a
@@ -130,11 +139,12 @@ def _publish(out_dir, staged, meta):
     for tmp in staged.values():
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-    # each file's length and largest id, read once here, so that a run checks its files without reading them
+    # each file's length, largest id and checksum, read once here, so that a run checks its files without
+    # reading them, and a resume sees data prepared again from other text of the same length
     meta = {**meta, "splits": {}}
     for split, tmp in staged.items():
         tokens = np.memmap(tmp, dtype=TOKEN_DTYPE, mode="r")
-        meta["splits"][split] = {"tokens": len(tokens), "largest_id": int(tokens.max())}
+        meta["splits"][split] = {"tokens": len(tokens), "largest_id": int(tokens.max()), "crc32": _crc32(tokens)}
         del tokens  # closes the map before the rename
     if os.path.exists(meta_path(out_dir)):
         os.remove(meta_path(out_dir))

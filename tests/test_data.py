@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,8 @@ import data.loader
 import data.prepare
 from data import tokenizer
 from data.loader import load_meta, open_split
-from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, SPLITS, PrepareConfig, main, prepare_bpe,
-                          prepare_char, prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
+from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, SPLITS, TOKEN_DTYPE, PrepareConfig, main,
+                          prepare_bpe, prepare_char, prepare_char_dataset, prepare_shakespeare_char, shakespeare_corpus)
 from data.shakespeare import other_plays_text, shakespeare_text
 from data.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer, gpt2_encoding, tokenizer_from_meta
 from helpers import ROOT, mount_tmpfs
@@ -308,9 +309,10 @@ def test_prepare_bpe_files(tmp_path, doc_files):
     meta = load_meta(str(out))
     ids = tokens(out)
     assert {k: v for k, v in meta.items() if k != "splits"} == {"tokenizer": "gpt2", "vocab_size": 50257}
-    assert meta["splits"] == {"train": {"tokens": int(0.9 * len(ids)), "largest_id": max(ids[:int(0.9 * len(ids))])},
-                              "val": {"tokens": len(ids) - int(0.9 * len(ids)),
-                                      "largest_id": max(ids[int(0.9 * len(ids)):])}}
+    cut = int(0.9 * len(ids))
+    assert meta["splits"] == {"train": {"tokens": cut, "largest_id": max(ids[:cut]), "crc32": crc32(ids[:cut])},
+                              "val": {"tokens": len(ids) - cut, "largest_id": max(ids[cut:]),
+                                      "crc32": crc32(ids[cut:])}}
     assert GPT2Tokenizer().decode(ids) == "<|endoftext|>".join(DOCS)
     assert ids.count(50256) == len(DOCS) - 1
     n = len(ids)
@@ -495,6 +497,11 @@ def test_open_split_errors(tmp_path, monkeypatch):
         open_split(str(tmp_path), "val")
 
 
+def crc32(ids):
+    """A token file's checksum as meta.json records it, from its ids."""
+    return zlib.crc32(np.array(ids, dtype=TOKEN_DTYPE).tobytes())
+
+
 def test_meta_records_the_files_so_a_run_checks_them_without_reading_them(tmp_path, monkeypatch):
     """A start opens 18 GB of OpenWebText without a pass over it: meta.json records each file's
     length and largest id when it is prepared, and a run compares the file's size with them."""
@@ -502,8 +509,9 @@ def test_meta_records_the_files_so_a_run_checks_them_without_reading_them(tmp_pa
     prepare_char(text, str(tmp_path))
     meta = load_meta(str(tmp_path))
     ids = CharTokenizer(text).encode(text)
-    assert meta["splits"] == {"train": {"tokens": 1170, "largest_id": max(ids[:1170])},
-                              "val": {"tokens": 130, "largest_id": max(ids[1170:])}}
+    assert meta["splits"] == {"train": {"tokens": 1170, "largest_id": max(ids[:1170]), "crc32": crc32(ids[:1170])},
+                              "val": {"tokens": 130, "largest_id": max(ids[1170:]), "crc32": crc32(ids[1170:])}}
+    assert data.prepare._crc32(np.array(ids, TOKEN_DTYPE), chunk=7) == crc32(ids)  # chunks of an 18 GB file
 
     def no_pass(self, *args, **kwargs):
         raise AssertionError("the token file was read in full")

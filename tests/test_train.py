@@ -721,12 +721,17 @@ def test_a_resume_names_token_files_prepared_again_since_the_checkpoint(tmp_path
     again = check_ok(launch("train.py", *args, "--max_iters=4", "--init_from=resume"))
     assert re.search(rf"^note: {re.escape(str(data))}'s train.bin [\d,]+ -> [\d,]+ tokens, {re.escape(str(data))}'s "
                      r"val.bin [\d,]+ -> [\d,]+ tokens since the checkpoint", again.stdout, re.M), again.stdout
+    prepare_char(TEXT[::-1] * 2, str(data))  # the same characters, as many of them, in another order
+    other = check_ok(launch("train.py", *args, "--max_iters=5", "--init_from=resume"))
+    train_count, val_count = (f"{n:,}" for n in (len(TEXT) * 2 * 9 // 10, len(TEXT) * 2 - len(TEXT) * 2 * 9 // 10))
+    assert f"note: {data}'s train.bin {train_count} -> {train_count} other tokens, {data}'s val.bin {val_count} -> " \
+        f"{val_count} other tokens since the checkpoint" in other.stdout, other.stdout
     # data an older prepare.py wrote records no token files: their lengths are compared
     prepare_char(TEXT, str(data))
     meta = json.loads((data / "meta.json").read_text())
     del meta["splits"]
     (data / "meta.json").write_text(json.dumps(meta))
-    older_data = check_ok(launch("train.py", *args, "--max_iters=5", "--init_from=resume"))
+    older_data = check_ok(launch("train.py", *args, "--max_iters=6", "--init_from=resume"))
     assert re.search(rf"^note: {re.escape(str(data))}'s train.bin [\d,]+ -> [\d,]+ tokens", older_data.stdout,
                      re.M), older_data.stdout
     # a checkpoint older than the record: what cannot be checked is said
@@ -734,9 +739,19 @@ def test_a_resume_names_token_files_prepared_again_since_the_checkpoint(tmp_path
     checkpoint = load(tmp_path / "out" / "ckpt.pt")
     del checkpoint["splits"]
     save_checkpoint(checkpoint, tmp_path / "out" / "ckpt.pt")
-    older_run = check_ok(launch("train.py", *args, "--max_iters=6", "--init_from=resume"))
+    older_run = check_ok(launch("train.py", *args, "--max_iters=7", "--init_from=resume"))
     assert f"note: {tmp_path / 'out' / 'ckpt.pt'} is older than the record of the token files a run trained on: " \
         f"that {data} still holds them cannot be checked" in older_run.stdout, older_run.stdout
+
+
+def test_token_files_compare_by_what_both_records_say():
+    """A checkpoint of data prepared before the checksum was recorded, resumed on the same data prepared again
+    (now with one): the same files, not other ones."""
+    from checkpoint import other_tokens
+    old, new = {"tokens": 5, "largest_id": 3}, {"tokens": 5, "largest_id": 3, "crc32": 9}
+    assert not other_tokens(old, new) and not other_tokens(new, old) and not other_tokens(new, dict(new))
+    assert other_tokens(new, {**new, "crc32": 8}) and other_tokens(old, {**new, "tokens": 6})
+    assert other_tokens({"tokens": 5}, {"tokens": 6}) and not other_tokens({"tokens": 5}, new)  # a run's own record
 
 
 def tiny_config(data_dir, out_dir, **overrides):
