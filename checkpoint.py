@@ -325,17 +325,20 @@ def check_out_dir(out_dir, resuming, overwrite):
 
 def claim_out_dir(out_dir, checkpoint_bytes):
     """Once every check has passed, before training (not after hours of it): out_dir can be written (a 1 MiB
-    probe: not read-only), it has room for a checkpoint of at least checkpoint_bytes, and it is this run's
-    alone (lock_out_dir). Directories made here go again with the lock where the run leaves them empty
-    (stopped before its first save). A killed save's temporary file, which holds room, goes first."""
-    clear_stale_temporaries(ckpt_path(out_dir))
+    probe: not read-only), it is this run's alone (lock_out_dir), and it has room for a checkpoint of at least
+    checkpoint_bytes once a killed save's temporary file is gone (the lock's holder alone may tell a dead
+    writer's from a live one's: another machine's pids are not this one's). Directories made here go again
+    with the lock where the run leaves them empty (stopped before its first save, or refused here)."""
     with writable_directory(out_dir, "out_dir", room=1 << 20) as made:  # a failed probe leaves no empty out_dir
-        free = shutil.disk_usage(out_dir).free
-        if free < checkpoint_bytes:
-            raise ValueError(f"out_dir={out_dir!r} has {free / 1e6:,.1f} MB free, and a checkpoint of this model "
-                             f"takes at least {checkpoint_bytes / 1e6:,.1f} MB (its weights and optimizer state); "
-                             "free some space, or pick another --out_dir")
+        pass
     lock_out_dir(out_dir, made)
+    clear_stale_temporaries(ckpt_path(out_dir))
+    free = shutil.disk_usage(out_dir).free
+    if free < checkpoint_bytes:
+        unlock_out_dir(out_dir)
+        raise ValueError(f"out_dir={out_dir!r} has {free / 1e6:,.1f} MB free, and a checkpoint of this model "
+                         f"takes at least {checkpoint_bytes / 1e6:,.1f} MB (its weights and optimizer state); "
+                         "free some space, or pick another --out_dir")
 
 
 def smallest_checkpoint(model):

@@ -59,7 +59,8 @@ def clear_stale_temporaries(path):
     for stale in glob.glob(temporary_path(glob.escape(os.path.abspath(path)), "*")):
         pid = stale.rsplit(".tmp", 1)[1]
         if pid.isdigit() and not process_alive(int(pid)):
-            os.remove(stale)
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove: the write says if it matters
+                os.remove(stale)
 
 
 def process_alive(pid):

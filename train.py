@@ -837,7 +837,7 @@ def save(state, cfg, data, setup, reason, final=False):
     model_state = get_model_state_dict(state.model, options=setup.state_options)
     optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
     torch_states = gather(torch_rng_state(setup.device_type))  # each rank's dropout generators
-    path, problem = ckpt_path(cfg.out_dir), None
+    path, problem, fix = ckpt_path(cfg.out_dir), None, ""
     # a step can blow the weights up while its loss was still finite: such weights never replace a checkpoint
     broken = next((k for k, t in model_state.items() if not torch.isfinite(t).all()), None) if setup.master else None
     kept = f", {path} is kept" if has_checkpoint(cfg, state) else ""
@@ -851,12 +851,12 @@ def save(state, cfg, data, setup, reason, final=False):
                       "iter_num": state.iter_num, "best_val_loss": state.best_val_loss,
                       "trained_seconds": state.clock.seconds(),
                       "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}
-        problem = write_checkpoint(checkpoint, path, cfg, state)
+        problem, fix = write_checkpoint(checkpoint, path, cfg, state)
     if final:  # no evaluation is left to try again at
-        fail_together(problem and f"{problem}, or pick another --out_dir, and run again", status=1,
-                      rank_0_checks=True)  # rank 0 writes it
+        fail_together(problem and f"{problem}; {fix + ', or ' if fix else ''}pick another --out_dir, and run again",
+                      status=1, rank_0_checks=True)  # rank 0 writes it
     elif problem:
-        print(f"warning: {problem}: training goes on and tries again at the next evaluation")
+        print(f"warning: {problem}; {fix + ': ' if fix else ''}training goes on and tries again at the next evaluation")
     written = gather(problem is None)[0]  # rank 0's: every rank then says the same of out_dir's checkpoint
     state.saved = state.saved or written
     if written and setup.master:
@@ -865,16 +865,17 @@ def save(state, cfg, data, setup, reason, final=False):
 
 
 def write_checkpoint(checkpoint, path, cfg, state):
-    """Write it (checkpoint.save_checkpoint); None, or what went wrong and what would fix it, in words."""
+    """Write it (checkpoint.save_checkpoint): (None, "") or (what went wrong, what would fix it where that is
+    known, or ""), in words."""
     try:
         save_checkpoint(checkpoint, path)
-        return None
+        return None, ""
     except OSError as e:
         whose = "the previous" if has_checkpoint(cfg, state) else "an earlier run's"  # --overwrite=true's
         kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
-        fix = ("make it writable" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else  # remounted, chmod
-               "free some space")
-        return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}; {fix}"
+        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make out_dir writable",
+               errno.EACCES: "make out_dir writable", errno.EPERM: "make out_dir writable"}.get(e.errno, "")
+        return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}", fix
 
 
 def has_checkpoint(cfg, state):

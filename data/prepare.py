@@ -229,12 +229,8 @@ def _local_data_files(dataset):
         if not files:
             raise ValueError(f"no files match {dataset}")
         return _glob_splits(dataset, files)
-    if os.path.isdir(dataset):  # as the glob of every data file below it, so that none is left out
-        files = sorted(f for f in glob.glob(os.path.join(dataset, "**", "*"), recursive=True)
-                       if os.path.isfile(f) and _data_suffix(f) in _BUILDERS)
-        if not files:
-            raise ValueError(f"{dataset} holds no {'/'.join(_BUILDERS)} files")
-        return _glob_splits(os.path.join(dataset, "**"), files)
+    if os.path.isdir(dataset):
+        return _folder_splits(dataset)
     if os.path.exists(dataset):  # there, but read once or never ends: not "no such file"
         raise ValueError(f"{dataset} is not a regular file (a pipe or a device, say); save the data in a file")
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
@@ -249,7 +245,6 @@ def _glob_splits(pattern, files):
     from datasets.data_files import SPLIT_KEYWORDS
 
     fixed = os.path.join("", *itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
-    where = f"{fixed} holds" if pattern == os.path.join(fixed, "**") else f"{pattern} matches"
     splits = {}
     for f in files:
         words = re.split(r"[-._ 0-9/\\]+", os.path.relpath(f, fixed or ".").lower())
@@ -257,9 +252,34 @@ def _glob_splits(pattern, files):
         splits.setdefault(named[0] if len(named) == 1 else None, []).append(f)
     if None in splits and len(splits) > 1:
         unnamed = ", ".join(splits[None][:3]) + (", ..." if len(splits[None]) > 3 else "")
-        raise ValueError(f"{where} files named for a split ({', '.join(s for s in splits if s)}) and files of no "
-                         f"split or of two ({unnamed}); name each file for its split, or give only some of them")
+        raise ValueError(f"{pattern} matches files named for a split ({', '.join(s for s in splits if s)}) and files "
+                         f"of no split or of two ({unnamed}); name each file for its split, or narrow the pattern")
     return {split or "train": found for split, found in splits.items()}
+
+
+def _folder_splits(folder):
+    """{split: [files]} for a local --dataset folder, by datasets' own rules (a split's keyword in a file's
+    or a folder's name: train.jsonl, test/doc1.txt; none at all: every file is "train"; its README.md and
+    its description's JSON files are not data), and every data file in one of them: a file of no split beside
+    files of one is an error, not left out."""
+    from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
+
+    files = sorted(os.path.abspath(f) for f in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+                   if os.path.isfile(f) and _data_suffix(f) in _BUILDERS and os.path.basename(f) not in FILES_TO_IGNORE)
+    if not files:
+        raise ValueError(f"{folder} holds no {'/'.join(_BUILDERS)} files")
+    found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder)
+    splits = {str(split): sorted(f for f in map(os.path.abspath, named) if f in files)  # train.bin, train.log: not data
+              for split, named in found.items()}
+    splits = {split: named for split, named in splits.items() if named}
+    if not splits:
+        return {"train": files}
+    unnamed = [os.path.relpath(f) for f in files if not any(f in named for named in splits.values())]
+    if unnamed:
+        raise ValueError(f"{folder} holds files named for a split ({', '.join(splits)}) and files of no split "
+                         f"({', '.join(unnamed[:3])}{', ...' if len(unnamed) > 3 else ''}); name each file for its "
+                         "split, or give the files of one alone")
+    return splits
 
 
 def _check_hub_reachable(name, timeout=5.0):

@@ -766,9 +766,9 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=bad.jsonl"], "could not load dataset 'bad.jsonl': An error occurred while generating the dataset "
                               "(JSON parse error: Missing a name for object member. in row 1)"),
     (["--dataset=no_files"], "no_files holds no .txt/.text/.json/.jsonl/.csv/.parquet files"),
-    (["--dataset=docs"], "docs holds files named for a split (train) and files of no split or of two "
+    (["--dataset=docs"], "docs holds files named for a split (train) and files of no split "
                          f"({os.path.join('docs', 'a.txt')}, {os.path.join('docs', 'b.txt')}); name each file for its "
-                         "split, or give only some of them"),
+                         "split, or give the files of one alone"),
     (["--dataset=empty_val"], f"{os.path.join('empty_val', 'validation.jsonl')} is empty; put text in it, or leave "
                               "it out of --dataset"),
     (["--dataset=no*match.txt"], "no files match no*match.txt"),
@@ -937,9 +937,22 @@ def test_a_local_dataset_is_read_as_datasets_wrote_it_or_as_its_files_say(tmp_pa
     (tmp_path / "docs" / "b.txt").write_text("\n".join(rows[15:]))
     for leftover in ("train.bin", "val.bin", "train.log"):
         (tmp_path / "docs" / leftover).write_bytes(b"\x00\x01" * 50)
+    # a dataset's clone from the Hub: its data below data/, its card and description beside it, not data
+    (tmp_path / "clone" / "data").mkdir(parents=True)
+    (tmp_path / "clone" / "data" / "train.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows[:20]))
+    (tmp_path / "clone" / "data" / "validation.jsonl").write_text("".join(json.dumps({"text": r}) + "\n"
+                                                                          for r in rows[20:]))
+    (tmp_path / "clone" / "dataset_infos.json").write_text(json.dumps({"text": "a description, not a row"}))
+    (tmp_path / "clone" / "README.md").write_text("---\nlicense: mit\n---\n")
+    # a split's folder decides where a file's name says another split's word too
+    for split, name in (("train", "test_results"), ("test", "doc")):
+        (tmp_path / "layout" / split).mkdir(parents=True)
+        for i in range(2):
+            (tmp_path / "layout" / split / f"{name}_{i}.txt").write_text(rows[10 * (split == "test") + i])
     joined = "\n".join(rows)
     for source, train, val in (("saved", joined, None), ("dd", "\n".join(rows[:20]), "\n".join(rows[20:])),
-                               ("rows.jsonl.gz", joined, None), ("rows.csv", joined, None), ("docs", joined, None)):
+                               ("rows.jsonl.gz", joined, None), ("rows.csv", joined, None), ("docs", joined, None),
+                               ("clone", "\n".join(rows[:20]), "\n".join(rows[20:]))):
         status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out_{source}", cwd=tmp_path)
         assert status == 0, (source, err)
         out = str(tmp_path / f"out_{source}")
@@ -947,6 +960,11 @@ def test_a_local_dataset_is_read_as_datasets_wrote_it_or_as_its_files_say(tmp_pa
         text = [tok.decode(open_split(out, split).tolist()) for split in SPLITS]
         assert text[0] + ("\n" if val else "") + text[1] == joined, source  # every row, in order, and nothing else
         assert val is None or text == [train, val], source
+    status, _, err = run_main("--dataset=layout", "--split=test", "--tokenizer=char", "--out_dir=out_layout",
+                              cwd=tmp_path)
+    assert status == 0, err
+    tok = tokenizer_from_meta(load_meta(str(tmp_path / "out_layout")))
+    assert "".join(tok.decode(open_split(str(tmp_path / "out_layout"), s).tolist()) for s in SPLITS) == "00010\n00011"
 
 
 def test_a_local_dataset_file_changed_in_place_is_read_again(tmp_path, run_main, datasets_cache):

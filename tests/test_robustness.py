@@ -1220,6 +1220,22 @@ def test_an_out_dir_without_room_for_one_checkpoint_is_refused_before_training(s
     assert os.listdir(out) == []
 
 
+def test_a_run_refused_an_out_dir_in_use_leaves_the_other_runs_save_alone(tmp_path):
+    """A temporary file whose pid is not alive here may be another machine's (or container's) save in
+    progress: only the lock's holder clears one, and a run refused the lock touches none."""
+    import checkpoint
+    from files import temporary_path
+    checkpoint.lock_out_dir(str(tmp_path))  # the other run's
+    try:
+        saving = temporary_path(str(tmp_path / "ckpt.pt"), 2**22 + 12345)  # no such process here
+        Path(saving).write_bytes(b"half a checkpoint")
+        with pytest.raises(ValueError, match="is in use by process"):
+            checkpoint.claim_out_dir(str(tmp_path), 0)
+        assert os.path.exists(saving)
+    finally:
+        checkpoint.unlock_out_dir(str(tmp_path))
+
+
 def test_an_out_dir_made_read_only_under_the_run_is_given_back_without_a_traceback(tmp_path, monkeypatch):
     """Its .lock cannot be removed: it stays, and the lock (the flock) goes with the file descriptor."""
     import checkpoint

@@ -1145,8 +1145,19 @@ def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_p
     status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=2,
                                                 eval_interval=2), capsys)
     assert status == 1 and out.err.endswith(": Read-only file system; "
-                                            f"{tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; make it "
-                                            "writable, or pick another --out_dir, and run again\n"), out.err
+                                            f"{tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; make "
+                                            "out_dir writable, or pick another --out_dir, and run again\n"), out.err
+
+    def out_dir_gone(checkpoint, path):  # removed under the run: neither space nor permissions would help
+        raise OSError(errno.ENOENT, "No such file or directory")
+
+    monkeypatch.setattr(train, "save_checkpoint", out_dir_gone)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, overwrite=True, max_iters=4,
+                                                eval_interval=2), capsys)
+    assert "earlier run's checkpoint; training goes on and tries again at the next evaluation\n" in out.out
+    assert status == 1 and out.err.endswith(": No such file or directory; "
+                                            f"{tmp_path / 'ckpt.pt'} still holds an earlier run's checkpoint; pick "
+                                            "another --out_dir, and run again\n"), out.err
     assert load(tmp_path / "ckpt.pt")["run_id"] == earlier
 
 
