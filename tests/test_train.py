@@ -331,7 +331,7 @@ def test_a_stop_during_an_evaluation_whose_save_failed_saves_again(tmp_path, dat
         if state.iter_num == 4 and not failures:
             failures.append(4)
             os.kill(os.getpid(), signal.SIGINT)
-            return f"could not write {path} at iteration 4: No space left on device"
+            return f"could not write {path} at iteration 4: No space left on device", "free some space"
         return real(checkpoint, path, cfg, state)
     monkeypatch.setattr(train, "write_checkpoint", write_checkpoint)
     with pytest.raises(SystemExit) as stopped:
