@@ -29,7 +29,7 @@ from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
                    same_folder, writable_directory)
 from model import GPT, WEIGHT_SETTINGS, GPTConfig
-from optim import schedule_reads_max_iters, unused_by_optimizer
+from optim import unread_by_schedule, unused_by_optimizer
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
 # damaged checkpoint fails in one line before anything is written, not in the middle of restoring it
@@ -200,17 +200,18 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
         same = f" ({' '.join(flags)})" if flags else ""
         raise ValueError(f"{path} was trained with {', '.join(differ)}; resume with the same model settings{same} and "
                          "data")
+    unread = WEIGHT_SETTINGS + NEUTRAL_SETTINGS + unused_by_optimizer(cfg) + unread_by_schedule(cfg)
     compared = EVALUATION_SETTINGS if cfg.eval_only else [  # nothing trains: only what changes the evaluation
-        f.name for f in fields(cfg) if f.name not in WEIGHT_SETTINGS + NEUTRAL_SETTINGS + unused_by_optimizer(cfg)]
+        f.name for f in fields(cfg) if f.name not in unread]
     was = {name: saved.get(name, getattr(defaults, name)) for name in compared  # newer settings: their default
            if not (name in RESOLVED_SETTINGS and saved.get(name) == getattr(defaults, name))}
-    if not schedule_reads_max_iters(cfg):  # a later stop only: the run trains as an uninterrupted one would
-        was.pop("max_iters", None)
+    before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record
+    if "data_dir" in was and (same_folder(str(was["data_dir"]), cfg.data_dir) or same_token_files(before, now)):
+        del was["data_dir"]  # another spelling of the folder, or a copy of its files: the same tokens
     kept = {name: f" (the default; --{name}={as_typed(value)} keeps the checkpoint's)"  # how to keep it
             for name, value in was.items() if getattr(cfg, name) == getattr(defaults, name)}
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
-    before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])}"
                 + (" tokens" if token_count(before[name]) != token_count(now[name]) else " other tokens")
                 for name in now if name in (before or {}) and other_tokens(before[name], now[name])]
@@ -221,6 +222,12 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
                if before is None else "")
     return "\n".join(filter(None, [f"note: {', '.join(changed)} since the checkpoint; {follows}" if changed else "",
                                    unknown]))
+
+
+def same_token_files(before, now):
+    """Whether two records of a data folder's token files (meta.json's splits) say the same files, checksums
+    and all."""
+    return bool(before) and before == now and all(isinstance(r, dict) and "crc32" in r for r in now.values())
 
 
 def other_tokens(before, now):

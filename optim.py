@@ -80,6 +80,13 @@ def unused_by_optimizer(cfg):
     return ("muon_lr",) if cfg.optimizer != "muon" else ()
 
 
+def unread_by_schedule(cfg):
+    """The settings that lr_multiplier does not read with cfg's: under the clock lr_decay_iters, and max_iters
+    where it only stops the run (a later stop trains as an uninterrupted run would)."""
+    by_the_clock = ("lr_decay_iters",) if cfg.max_seconds > 0 else ()
+    return by_the_clock + (() if schedule_reads_max_iters(cfg) else ("max_iters",))
+
+
 def schedule_reads_max_iters(cfg):
     """Whether lr_multiplier's decay ends at max_iters: not where it follows the clock (max_seconds) or
     ends at lr_decay_iters; there max_iters is only where a run stops."""

@@ -296,7 +296,7 @@ def set_up(cfg):
     dtype = pick_dtype(cfg.dtype, device_type_of(device))
     set_up_cpu(cfg.threads, processes_here)
     fsdp = distributed and cfg.parallelism == "fsdp"
-    if fsdp and cfg.optimizer == "muon":
+    if fsdp and cfg.optimizer == "muon" and not cfg.eval_only:  # an evaluation steps no optimizer
         raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
                          "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run keeps the "
                          "optimizer it was trained with)")
@@ -538,11 +538,9 @@ class TrainState:
     saved: bool = False  # this run has written out_dir's ckpt.pt (a new one may find an earlier run's there)
 
 
-def resume_state(state, checkpoint, path, setup, cfg):
-    """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
-    this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train.
-    Returns a note naming the parameters the checkpoint holds no optimizer state for ("" if none, or where
-    nothing trains: eval_only)."""
+def load_training_state(state, checkpoint, path, setup):
+    """The optimizers' state (their rates, decay and betas stay this run's settings), the scaler's and every
+    RNG's, from checkpoint into state. Returns the parameters it holds no optimizer state for."""
     if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
         raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
                          "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
@@ -563,13 +561,26 @@ def resume_state(state, checkpoint, path, setup, cfg):
             AttributeError) as e:  # fields of the wrong shape
         raise ValueError(f"{path} is damaged ({first_line(e, with_type=True)}): "
                          "resume cannot continue from it; start a new run") from None
+    return stateless
+
+
+def resume_state(state, checkpoint, path, setup, cfg):
+    """Continue where the checkpoint left off: the optimizers' state (their rates, decay and betas stay
+    this run's settings), scaler, progress and every RNG. ValueError if cfg leaves nothing to train.
+    Returns a note naming the parameters the checkpoint holds no optimizer state for ("" if none, or where
+    nothing trains: eval_only, which takes the weights and where the run stands, and no optimizer state)."""
+    stateless = [] if cfg.eval_only else load_training_state(state, checkpoint, path, setup)
     state.iter_num, state.best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
     state.clock = Clock(checkpoint["trained_seconds"])
     state.run_id = checkpoint.get("run_id")
-    if not cfg.eval_only and (state.iter_num >= cfg.max_iters or 0 < cfg.max_seconds <= state.clock.seconds()):
+    reached = [name for name, done in (("max_iters", state.iter_num >= cfg.max_iters),
+                                       ("max_seconds", 0 < cfg.max_seconds <= state.clock.seconds())) if done]
+    if reached and not cfg.eval_only:  # the limits that stop it, not one that is off (max_seconds=0)
+        limits = " and ".join(f"{name}={getattr(cfg, name):g}" for name in reached)
+        flags = " and ".join(f"--{name}" for name in reached)
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
-                         f"as max_iters={cfg.max_iters} and max_seconds={cfg.max_seconds:g} go: nothing is left to "
-                         "train; raise them to train on, or evaluate it with --eval_only=true")
+                         f"as {limits} {'go' if len(reached) > 1 else 'goes'}: nothing is left to train; raise "
+                         f"{flags} to train on, or evaluate it with --eval_only=true")
     if cfg.eval_only:
         return ""
     notes = [f"note: {path} holds no optimizer state for {', '.join(stateless)} (no gradient reached them, or the "

@@ -98,6 +98,16 @@ def test_fsdp_trains_and_its_checkpoint_loads_into_a_plain_model(data_dir, singl
     assert_evaluates_as_one_process(out, single)
 
 
+def test_an_evaluation_under_fsdp_takes_the_weights_of_a_run_that_muon_trained(data_dir, tmp_path, launch):
+    """--eval_only steps no optimizer: under FSDP it evaluates a Muon run's checkpoint as one process does
+    (Muon on FSDP's shards was refused, and with --optimizer=adamw its optimizer state was read as damage)."""
+    args = [*TINY, "--optimizer=muon", f"--data_dir={data_dir}", f"--out_dir={tmp_path}"]
+    proc = launch("train.py", *args)
+    assert proc.returncode == 0, proc.stderr
+    out = torchrun("train.py", *args, "--parallelism=fsdp", "--init_from=resume", "--eval_only=true")
+    assert "| 2 process(es) fsdp | " in out and evaluation(out) == pytest.approx(evaluation(proc.stdout), abs=1e-4)
+
+
 def test_fsdp_shards_over_the_training_device_whatever_accelerator_the_machine_has(monkeypatch):
     """fully_shard's own default mesh is the machine's accelerator's: on a GPU machine,
     --device=cpu --parallelism=fsdp under torchrun put rank 1 on a GPU it lacked ("invalid device

@@ -376,7 +376,9 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
     with pytest.raises(SystemExit) as refused:
         train.main(dataclasses.replace(cfg, init_from="resume"))
     err = capsys.readouterr().err
-    assert refused.value.code == 2 and err.count("\n") == 1 and "nothing is left to train" in err, err
+    value = getattr(cfg, limit)  # the limit it reached, named alone (max_seconds=0 is none: no time limit)
+    assert refused.value.code == 2 and err.count("\n") == 1 and f"as far as {limit}={value:g} goes: nothing is " \
+        f"left to train; raise --{limit} to train on, or evaluate it with --eval_only=true\n" in err, err
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
     # an evaluation is told of what changes its losses (its batches' shape), not of training's settings
     train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True, batch_size=2 * cfg.batch_size,
@@ -742,6 +744,33 @@ def test_a_resume_names_token_files_prepared_again_since_the_checkpoint(tmp_path
     older_run = check_ok(launch("train.py", *args, "--max_iters=7", "--init_from=resume"))
     assert f"note: {tmp_path / 'out' / 'ckpt.pt'} is older than the record of the token files a run trained on: " \
         f"that {data} still holds them cannot be checked" in older_run.stdout, older_run.stdout
+
+
+def test_a_resume_notes_no_change_where_the_run_trains_as_an_uninterrupted_one(tmp_path, data_dir, capsys):
+    """The data folder spelled another way, or a copy of its files; lr_decay_iters where the clock decays the
+    rate: each said "training follows the new values, so this run will not match an uninterrupted one",
+    and the weights matched. A folder of other tokens is still named."""
+    import dataclasses
+    import train
+    from checkpoint import check_resumable
+    from data.loader import load_meta, tokenizer_meta
+    from data.prepare import prepare_char
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, eval_interval=2))
+    checkpoint, meta = load(tmp_path / "ckpt.pt"), load_meta(str(data_dir))
+    splits, meta = meta["splits"], tokenizer_meta(meta)
+    resumed = train.TrainConfig(**{**checkpoint["config"], "init_from": "resume"})
+    copy = tmp_path / "copy"
+    shutil.copytree(data_dir, copy)
+    for data in (os.path.abspath(data_dir) + os.sep, str(copy)):
+        note = check_resumable(checkpoint, "ckpt.pt", dataclasses.replace(resumed, data_dir=data), meta, splits)
+        assert note == "", (data, note)
+    prepare_char(TEXT[::-1], str(copy))  # the same characters in another order: other tokens
+    assert check_resumable(checkpoint, "ckpt.pt", dataclasses.replace(resumed, data_dir=str(copy)), meta,
+                           load_meta(str(copy))["splits"]).startswith(f"note: data_dir {data_dir} -> {copy}, {copy}'s "
+                                                                      "train.bin")
+    clock = dataclasses.replace(resumed, max_seconds=60.0, lr_decay_iters=5000)
+    clocked = {**checkpoint, "config": {**checkpoint["config"], "max_seconds": 60.0}}
+    assert check_resumable(clocked, "ckpt.pt", clock, meta, splits) == ""
 
 
 def test_token_files_compare_by_what_both_records_say():
