@@ -23,10 +23,12 @@ from hardware import BusyCheck, dtype_name, peak_flops, threads_text
 class TrainingLog:
     """What rank 0 reports: a line per log_interval and per evaluation on the terminal, the same as
     records in out_dir (MetricsLog). Recent losses stay on the device, so reading them
-    costs one host sync per log line, not one per step."""
+    costs one host sync per log line, not one per step; under torchrun every rank keeps its own, and a
+    line's loss is the mean over all of them (rank 0's alone would be its share of the batch)."""
 
     def __init__(self, cfg, setup, model):
         self.cfg, self.master, self.losses, self.metrics = cfg, setup.master, [], None
+        self.world_size = setup.world_size if setup.distributed else 1
         self.ckpt_path = ckpt_path(cfg.out_dir)
         self.fp16 = setup.dtype == torch.float16  # its GradScaler skips steps with a non-finite loss itself
         self.tokens_per_iter = setup.accumulation_steps * cfg.batch_size * cfg.block_size
@@ -55,9 +57,9 @@ class TrainingLog:
 
     def add_loss(self, loss):
         """A training step's loss (a tensor on the device, read at the next log line)."""
+        self.losses.append(loss)
         if not self.master:
             return
-        self.losses.append(loss)
         warning = self.busy.step() if self.busy else None
         if warning:
             print(warning)
@@ -65,8 +67,8 @@ class TrainingLog:
     def nonfinite(self, iter_num, checkpointed):
         """The error for a non-finite loss among the steps since the last log line, naming its
         iteration (and out_dir's checkpoint, if it is this run's: checkpointed), or None (the others'
-        answer is always None: rank 0 keeps the losses)."""
-        if not self.losses or self.fp16:
+        answer is always None: rank 0 checks the losses)."""
+        if not self.master or not self.losses or self.fp16:
             return None
         values = torch.stack(self.losses).tolist()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
@@ -79,7 +81,12 @@ class TrainingLog:
                 f"{rates}{precision}{where}")
 
     def print_progress(self, iter_num, lr, seconds):
-        """The log line of the steps since the last one: mean loss, rate, speed and MFU."""
+        """The log line of the steps since the last one: mean loss, rate, speed and MFU. Every rank calls it."""
+        loss = torch.stack(self.losses).float().mean()
+        self.losses.clear()
+        if self.world_size > 1:  # each rank's mean is over as many sequences; gloo has no AVG
+            torch.distributed.all_reduce(loss)
+            loss /= self.world_size
         if not self.master:
             return
         now = time.time()
@@ -89,12 +96,11 @@ class TrainingLog:
         if self.peak and self.device_type == "cpu" and flops > self.peak:  # the probe was low (a busy moment): raise it
             self.peak = peak_flops(self.device_type, self.dtype, reached=flops)[0]
         mfu = flops / self.peak if self.peak else None  # None: no peak known for this device (JSON's null)
-        loss = torch.stack(self.losses).float().mean().item()
+        loss = loss.item()
         print(f"iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, {seconds_per_iter * 1000:.1f} ms/iter, "
               f"{tokens_per_s:,.0f} tokens/s" + (f", MFU {mfu:.1%}" if mfu is not None else ""))
         self.metrics.write({"iter": iter_num, "loss": loss, "lr": lr, "ms_per_iter": seconds_per_iter * 1000,
                             "tokens_per_s": tokens_per_s, "mfu": mfu, "seconds": round(seconds, 3)})
-        self.losses.clear()
         self.last_time, self.last_iter = now, iter_num
 
     def evaluation(self, iter_num, losses, seconds=None, saved=False):

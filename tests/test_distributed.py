@@ -33,7 +33,12 @@ def evaluation(stdout):
     return tuple(map(float, found[0]))
 
 
-Run = collections.namedtuple("Run", "weights evaluation")
+def logged_losses(stdout):
+    """{iteration: the training loss its log line says}."""
+    return {int(it): float(loss) for it, loss in re.findall(r"^iter (\d+): loss ([\d.]+)", stdout, re.M)}
+
+
+Run = collections.namedtuple("Run", "weights evaluation losses")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def single(data_dir, tmp_path_factory, launch):
     out = str(tmp_path_factory.mktemp("single"))
     proc = launch("train.py", *TINY, "--gradient_accumulation_steps=2", f"--data_dir={data_dir}", f"--out_dir={out}")
     assert proc.returncode == 0, proc.stderr
-    return Run(final_weights(out), evaluation(proc.stdout))
+    return Run(final_weights(out), evaluation(proc.stdout), logged_losses(proc.stdout))
 
 
 def assert_evaluates_as_one_process(out, single):
@@ -66,6 +71,8 @@ def test_ddp_ranks_stay_identical_and_match_accumulation(data_dir, single, tmp_p
     assert any(not torch.equal(w, GPT(GPTConfig(**load_checkpoint(os.path.join(tmp_path, "ckpt.pt"))["model_config"]))
                                .state_dict()[n]) for n, w in ddp.items()), "training changed nothing"
     assert_evaluates_as_one_process(out, single)
+    # each line's loss is the whole batch's, both ranks' shares: as one process logs it, not rank 0's share
+    assert len(single.losses) == 4 and logged_losses(out) == pytest.approx(single.losses, abs=2e-4)
 
 
 def test_ranks_draw_their_own_dropout_and_resume_exactly(data_dir, tmp_path):
