@@ -5,6 +5,7 @@ that MFU (model FLOPs utilisation) is measured against; and whether another proc
 run's CPUs.
 """
 import ctypes
+import fcntl
 import functools
 import glob
 import json
@@ -457,16 +458,26 @@ def peak_flops(device_type, dtype, reached=0.0):
         return reached, source + ", raised to what this run reached: not cached"
     else:
         peak, shared = measure_cpu_peak(dtype)
-        if shared:  # other work ran: a low figure, not the machine's
-            return max(peak, reached), source + ", while other work ran: not cached"
+        if shared:  # a low figure, not the machine's: its own threads waited for one another, or other work ran
+            why = (f"its threads outnumber the {usable_cpus()} CPU(s) it may use" if threads > usable_cpus() else
+                   "while other work ran")
+            return max(peak, reached), f"{source}, {why}: not cached"
         cached[machine] = max(peak, reached)
     try:
-        os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
-        peaks = {**cached_cpu_peaks(), machine: cached[machine]}  # as read now: other runs' probes meanwhile stay
-        atomic_write(CPU_PEAK_CACHE, lambda f: f.write(json.dumps(peaks).encode()))
+        cache_cpu_peak(machine, cached[machine])
     except OSError as e:  # an unwritable home only costs a re-measure next time: said, as a busy probe's is
         return cached[machine], source + f", not cached ({CPU_PEAK_CACHE}: {e.strerror or e})"
     return cached[machine], source
+
+
+def cache_cpu_peak(machine, peak):
+    """Add machine's peak to CPU_PEAK_CACHE, keeping every other entry, those that runs starting at the same
+    moment write too: each reads, adds and writes it holding a lock (flock: released when its process ends)."""
+    os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
+    with open(CPU_PEAK_CACHE + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        peaks = {**cached_cpu_peaks(), machine: peak}
+        atomic_write(CPU_PEAK_CACHE, lambda f: f.write(json.dumps(peaks).encode()))
 
 
 def cached_cpu_peaks():

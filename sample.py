@@ -116,10 +116,9 @@ def main(cfg):
         make_current(device)
         set_up_cpu(cfg.threads)
         model, tokenizer = load_model(cfg)
-        dtype = pick_dtype(cfg.dtype, device_type_of(device), training=False,
-                           n_params=model.num_params(non_embedding=False))
-        if cfg.attention_map:  # the page and the pictures show attention's arithmetic: in full precision
-            dtype = torch.float32
+        # the page and the pictures show attention's arithmetic in full precision, whatever --dtype says
+        dtype = torch.float32 if cfg.attention_map else pick_dtype(cfg.dtype, device_type_of(device), training=False,
+                                                                   n_params=model.num_params(non_embedding=False))
         check_model_backend(model, cfg, device, dtype)
         if cfg.attention_map:
             check_writable(cfg.attention_map)

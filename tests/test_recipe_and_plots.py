@@ -308,7 +308,8 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     assert "2 layers x 2 heads over 15 tokens\n" in proc.stdout
     assert_picture(png, (1000, 500))
     asked = launch("sample.py", f"--out_dir={out}", "--start=ROMEO:", f"--attention_map={png}", "--max_new_tokens=50",
-                   "--num_samples=3", "--compile=true", "--dtype=bfloat16", "--attention_head=1")
+                   "--num_samples=3", "--compile=true", "--dtype=float16", "--attention_head=1")  # float16, which
+    # a CPU refuses: not read at all
     assert asked.returncode == 0 and "over 6 tokens\n" in asked.stdout, asked.stderr
     long = launch("sample.py", f"--out_dir={out}", f"--start={'ROMEO: ' * 4}", f"--attention_map={png}")
     assert long.returncode == 0 and "over 16 tokens (the prompt's last 16 of 28: the model's window)\n" in long.stdout

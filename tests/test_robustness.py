@@ -2111,6 +2111,44 @@ def test_two_runs_probing_at_once_both_keep_their_peaks(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "peak.json").read_text()) == {bf16: 7e9, hardware.cpu_peak_key(torch.float32): 5e9}
 
 
+def write_peaks(path, keys, barrier):
+    """One of several processes that start writing CPU peaks to one cache together."""
+    import hardware
+    hardware.CPU_PEAK_CACHE = path
+    barrier.wait()
+    for key in keys:
+        hardware.cache_cpu_peak(key, 1e9)
+
+
+def test_runs_that_write_cpu_peaks_at_once_keep_every_one(tmp_path):
+    """Runs started together (recipe.py --parallel, a job array) each read, add and write the cache: without
+    the lock one's write put back the file as it read it, and another's new peaks were gone."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    barrier, path = context.Barrier(3), str(tmp_path / "cache" / "peak.json")
+    keys = [[f"cpu {w}|{i}" for i in range(40)] for w in range(3)]
+    writers = [context.Process(target=write_peaks, args=(path, k, barrier)) for k in keys]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=60)
+    assert [w.exitcode for w in writers] == [0, 0, 0]
+    assert sorted(json.loads(Path(path).read_text())) == sorted(k for w in keys for k in w)
+
+
+def test_a_probe_whose_threads_outnumber_its_cpus_is_not_said_to_share_them_with_other_work(tmp_path, monkeypatch):
+    """--threads=2 where it may use one CPU (taskset -c 0): its threads wait for one another, and the note
+    blamed other work, on an idle machine."""
+    import hardware
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (1e9, True))  # its threads waited for a CPU
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    peak, source = hardware.peak_flops("cpu", torch.float32)
+    assert source.endswith("(2 threads), its threads outnumber the 1 CPU(s) it may use: not cached"), source
+    assert not (tmp_path / "peak.json").exists()
+
+
 def test_a_cpu_peak_probed_while_busy_is_not_kept_and_mfu_cannot_pass_100(tmp_path, monkeypatch):
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
