@@ -4,6 +4,7 @@ settings device=, dtype= and threads= pick; malloc keeping the memory a step fre
 that MFU (model FLOPs utilisation) is measured against; and whether another process is busy on this
 run's CPUs.
 """
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -475,7 +476,8 @@ def cache_cpu_peak(machine, peak):
     moment write too: each reads, adds and writes it holding a lock (flock: released when its process ends)."""
     os.makedirs(os.path.dirname(CPU_PEAK_CACHE), exist_ok=True)
     with open(CPU_PEAK_CACHE + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a filesystem without locks (NFS without lockd): written unlocked
+            fcntl.flock(lock, fcntl.LOCK_EX)
         peaks = {**cached_cpu_peaks(), machine: peak}
         atomic_write(CPU_PEAK_CACHE, lambda f: f.write(json.dumps(peaks).encode()))
 

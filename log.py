@@ -66,9 +66,9 @@ class TrainingLog:
 
     def nonfinite(self, iter_num, checkpointed):
         """The error for a non-finite loss among the steps since the last log line, naming its
-        iteration (and out_dir's checkpoint, if it is this run's: checkpointed), or None (the others'
-        answer is always None: rank 0 checks the losses)."""
-        if not self.master or not self.losses or self.fp16:
+        iteration (and out_dir's checkpoint, if it is this run's: checkpointed), or None. Each rank checks its
+        own share's losses: one rank's overflow is the whole batch's, and the log line's mean would show it."""
+        if not self.losses or self.fp16:
             return None
         values = torch.stack(self.losses).tolist()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)

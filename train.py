@@ -576,7 +576,7 @@ def resume_state(state, checkpoint, path, setup, cfg):
     reached = [name for name, done in (("max_iters", state.iter_num >= cfg.max_iters),
                                        ("max_seconds", 0 < cfg.max_seconds <= state.clock.seconds())) if done]
     if reached and not cfg.eval_only:  # the limits that stop it, not one that is off (max_seconds=0)
-        limits = " and ".join(f"{name}={getattr(cfg, name):g}" for name in reached)
+        limits = " and ".join(f"{name}={getattr(cfg, name)}" for name in reached)
         flags = " and ".join(f"--{name}" for name in reached)
         raise ValueError(f"{path} has trained {state.iter_num} iterations in {state.clock.seconds():.0f} s, as far "
                          f"as {limits} {'go' if len(reached) > 1 else 'goes'}: nothing is left to train; raise "
@@ -732,7 +732,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
                    if logged or setup.distributed or stop.signum else None)
         signum, elapsed, failed = agree_on_stop(stop.signum, state.clock.seconds(), problem is not None, setup.device)
         if failed:
-            fail_together(problem, status=1, rank_0_checks=True)  # rank 0 keeps the losses
+            fail_together(problem, status=1)  # each rank checks its own losses
         agreements.agreed(state.iter_num, elapsed)
         if logged:
             logger.print_progress(state.iter_num, cfg.learning_rate * multiplier, state.clock.seconds())
@@ -752,7 +752,7 @@ def stopped(signum, state):
 def evaluate_and_save(state, cfg, data, setup, logger, n_eval, reason, final):
     """Evaluate on n_eval batches of each split, save the checkpoint (for `reason`) and log both losses;
     the clock stops meanwhile: evaluating, saving and drawing are not training time. Whether it saved."""
-    fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1, rank_0_checks=True)
+    fail_together(logger.nonfinite(state.iter_num, has_checkpoint(cfg, state)), status=1)
     with state.clock.paused():
         losses = evaluate(state.model, data, cfg, setup, n_eval)
         state.best_val_loss = min(state.best_val_loss, losses["val"])

@@ -555,15 +555,47 @@ def test_sigterm_to_torchrun_saves_says_how_to_resume_and_frees_the_out_dir(tmp_
     assert all("Traceback" not in text for text in rank_logs(logs, "stderr"))
 
 
-def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_path, data_dir):
-    proc, logs = torchrun_train(tmp_path, data_dir, "--learning_rate=1e9", "--warmup_iters=0", "--max_iters=1000",
-                                "--log_interval=1000000")
+NAN_ON_RANK_1 = """
+import os, sys
+sys.path.insert(0, os.getcwd())
+import model, train
+from configurator import config_from_argv
+forward, steps = model.GPT.forward, []
+
+def nan_on_rank_1(self, idx, targets=None):  # the third step's loss, on rank 1's share alone: an overflow there
+    logits, loss = forward(self, idx, targets)
+    if self.training:
+        steps.append(1)
+        if os.environ["RANK"] == "1" and len(steps) == 3:
+            loss = loss * float("nan")
+    return logits, loss
+
+model.GPT.forward = nan_on_rank_1
+train.main(config_from_argv(train.TrainConfig))
+"""
+
+
+@pytest.mark.parametrize("where", ["every rank", "rank 1 alone"])
+def test_under_torchrun_a_non_finite_loss_stops_every_rank_with_one_line(tmp_path, data_dir, where):
+    """Each rank checks its own share's losses: one that became NaN on rank 1 alone was logged as the mean
+    (rank 0 checked its own) and the run went on, to fail later on a false word."""
+    if where == "every rank":
+        proc, logs = torchrun_train(tmp_path, data_dir, "--learning_rate=1e9", "--warmup_iters=0", "--max_iters=1000",
+                                    "--log_interval=1000000")
+    else:
+        (tmp_path / "nan_on_rank_1.py").write_text(NAN_ON_RANK_1)
+        proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=6", "--log_interval=1",
+                                    script=tmp_path / "nan_on_rank_1.py")
     _, launcher_stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
     said, quiet = ([line for line in stderr.splitlines() if line.strip()] for stderr in rank_logs(logs, "stderr"))
     assert len(said) == 1 and re.match(r"error: the loss became (nan|inf) at iteration \d+", said[0]), said
     assert quiet == []  # rank 1 reached the same verdict; the machine's first process says it for both
     assert "exitcode: 1" in launcher_stderr  # a fault, not bad input
+    if where == "rank 1 alone":
+        assert said[0].startswith("error: the loss became nan at iteration 3;") and "(found by rank 1, on " in said[0]
+        assert "iter 3:" not in rank_logs(logs, "stdout")[0]  # the NaN is not logged, as if it were a loss
+        assert "NaN" not in (tmp_path / "out" / "metrics.jsonl").read_text()
 
 
 def test_a_local_rank_left_in_the_environment_does_not_silence_errors(monkeypatch, capsys):
@@ -2134,6 +2166,22 @@ def test_runs_that_write_cpu_peaks_at_once_keep_every_one(tmp_path):
         w.join(timeout=60)
     assert [w.exitcode for w in writers] == [0, 0, 0]
     assert sorted(json.loads(Path(path).read_text())) == sorted(k for w in keys for k in w)
+
+
+def test_a_cache_folder_without_locks_still_keeps_the_peak(tmp_path, monkeypatch):
+    """A home on NFS without lockd (ENOLCK): the lock is for runs that start together; the peak is kept
+    without it, rather than measured again on every start."""
+    import hardware
+
+    def no_locks(*args):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    monkeypatch.setattr(hardware.fcntl, "flock", no_locks)
+    monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
+    peak, source = hardware.peak_flops("cpu", torch.float32)
+    assert peak == 5e9 and "not cached" not in source, source
+    assert json.loads((tmp_path / "peak.json").read_text()) == {hardware.cpu_peak_key(torch.float32): 5e9}
 
 
 def test_a_probe_whose_threads_outnumber_its_cpus_is_not_said_to_share_them_with_other_work(tmp_path, monkeypatch):

@@ -377,7 +377,7 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
         train.main(dataclasses.replace(cfg, init_from="resume"))
     err = capsys.readouterr().err
     value = getattr(cfg, limit)  # the limit it reached, named alone (max_seconds=0 is none: no time limit)
-    assert refused.value.code == 2 and err.count("\n") == 1 and f"as far as {limit}={value:g} goes: nothing is " \
+    assert refused.value.code == 2 and err.count("\n") == 1 and f"as far as {limit}={value} goes: nothing is " \
         f"left to train; raise --{limit} to train on, or evaluate it with --eval_only=true\n" in err, err
     assert {name: (tmp_path / name).read_bytes() for name in files} == files
     # an evaluation is told of what changes its losses (its batches' shape), not of training's settings
@@ -764,6 +764,11 @@ def test_a_resume_notes_no_change_where_the_run_trains_as_an_uninterrupted_one(t
     for data in (os.path.abspath(data_dir) + os.sep, str(copy)):
         note = check_resumable(checkpoint, "ckpt.pt", dataclasses.replace(resumed, data_dir=data), meta, splits)
         assert note == "", (data, note)
+    older = {k: v for k, v in checkpoint.items() if k != "splits"}  # no record of its files: the folder decides
+    spelled = dataclasses.replace(resumed, data_dir=os.path.abspath(data_dir) + os.sep)
+    assert "data_dir" not in check_resumable(older, "ckpt.pt", spelled, meta, splits)
+    assert "data_dir" in check_resumable(older, "ckpt.pt", dataclasses.replace(resumed, data_dir=str(copy)), meta,
+                                         splits)
     prepare_char(TEXT[::-1], str(copy))  # the same characters in another order: other tokens
     assert check_resumable(checkpoint, "ckpt.pt", dataclasses.replace(resumed, data_dir=str(copy)), meta,
                            load_meta(str(copy))["splits"]).startswith(f"note: data_dir {data_dir} -> {copy}, {copy}'s "
