@@ -520,6 +520,14 @@ def test_meta_records_the_files_so_a_run_checks_them_without_reading_them(tmp_pa
     assert len(open_split(str(tmp_path), "train", meta)) == 1170
     with pytest.raises(AssertionError, match="read in full"):  # data prepared before meta.json said: one pass
         open_split(str(tmp_path), "train", {key: v for key, v in meta.items() if key != "splits"})
+    # data prepared before the checksum was recorded reads as it did; a checksum that is not a number does not
+    del meta["splits"]["train"]["crc32"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert load_meta(str(tmp_path))["splits"]["train"] == {"tokens": 1170, "largest_id": max(ids[:1170])}
+    meta["splits"]["train"]["crc32"] = "1234"
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"meta.json is damaged \(its splits are not"):
+        load_meta(str(tmp_path))
 
 
 # --- a Hugging Face dataset, char-level --------------------------------------------------------
@@ -932,6 +940,7 @@ def test_a_local_dataset_is_read_as_datasets_wrote_it_or_as_its_files_say(tmp_pa
     with gzip.open(tmp_path / "rows.jsonl.gz", "wt") as f:
         f.writelines(json.dumps({"text": row}) + "\n" for row in rows)
     (tmp_path / "rows.csv").write_text("id,text\n" + "".join(f"{i},{row}\n" for i, row in enumerate(rows)))
+    (tmp_path / "body.csv").write_text("id,body\n" + "".join(f"{i},{row}\n" for i, row in enumerate(rows)))
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("\n".join(rows[:15]))
     (tmp_path / "docs" / "b.txt").write_text("\n".join(rows[15:]))
@@ -951,9 +960,12 @@ def test_a_local_dataset_is_read_as_datasets_wrote_it_or_as_its_files_say(tmp_pa
             (tmp_path / "layout" / split / f"{name}_{i}.txt").write_text(rows[10 * (split == "test") + i])
     joined = "\n".join(rows)
     for source, train, val in (("saved", joined, None), ("dd", "\n".join(rows[:20]), "\n".join(rows[20:])),
-                               ("rows.jsonl.gz", joined, None), ("rows.csv", joined, None), ("docs", joined, None),
+                               ("rows.jsonl.gz", joined, None), ("rows.csv", joined, None), ("body.csv", joined, None),
+                               ("docs", joined, None),
                                ("clone", "\n".join(rows[:20]), "\n".join(rows[20:]))):
-        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out_{source}", cwd=tmp_path)
+        column = ["--text_column=body"] if source == "body.csv" else []
+        status, _, err = run_main(f"--dataset={source}", "--tokenizer=char", f"--out_dir=out_{source}", *column,
+                                  cwd=tmp_path)
         assert status == 0, (source, err)
         out = str(tmp_path / f"out_{source}")
         tok = tokenizer_from_meta(load_meta(out))

@@ -1252,6 +1252,36 @@ def test_an_out_dir_without_room_for_one_checkpoint_is_refused_before_training(s
     assert os.listdir(out) == []
 
 
+def test_train_py_refuses_an_out_dir_without_room_for_its_checkpoint_before_training(small_disk, data_dir, launch):
+    """The room train.py asks for is its model's: weights and one optimizer slot each (smallest_checkpoint),
+    here ~12.9 MB where 6 MB are free. It trained to the end, each save failing, and lost the run."""
+    from checkpoint import smallest_checkpoint
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    assert smallest_checkpoint(model) == 2 * 4 * sum(p.numel() for p in model.parameters())
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'filler'}", "bs=1M", "count=24"], capture_output=True)
+    proc = launch("train.py", *TINY, "--n_embd=256", "--n_head=4", "--n_layer=2", f"--data_dir={data_dir}",
+                  f"--out_dir={small_disk / 'out'}", "--max_iters=4", "--eval_interval=2")
+    assert proc.returncode == 2 and not LOG_LINE.search(proc.stdout), describe(proc)
+    assert re.fullmatch(r"error: out_dir='.*' has [\d.]+ MB free, and a checkpoint of this model takes at least "
+                        r"1\d\.\d MB \(its weights and optimizer state\); free some space, or pick another --out_dir",
+                        single_error_line(proc)), describe(proc)
+    assert os.listdir(small_disk) == ["filler"]
+
+
+def test_a_stale_temporary_file_that_cannot_be_removed_is_left(tmp_path, monkeypatch):
+    """Another user's killed save (no permission to remove it): left where it is, not a refused run."""
+    import files
+    stale = files.temporary_path(str(tmp_path / "ckpt.pt"), 2**22 + 12345)  # a process that is not there
+    Path(stale).write_bytes(b"x")
+
+    def refused(path):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(files.os, "remove", refused)
+    files.clear_stale_temporaries(str(tmp_path / "ckpt.pt"))
+    assert os.path.exists(stale)
+
+
 def test_a_run_refused_an_out_dir_in_use_leaves_the_other_runs_save_alone(tmp_path):
     """A temporary file whose pid is not alive here may be another machine's (or container's) save in
     progress: only the lock's holder clears one, and a run refused the lock touches none."""
@@ -1581,6 +1611,10 @@ CASES = [
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "does not match this code's model: its weights do not fit the "
                     "model its model_config describes (transformer.wte.weight is", "where that model has",
                     "the file is damaged, or was written by other code"]),
+    Case("sample-checkpoint-without-a-weight-its-model-has", lambda c: sample_args(
+        c, out=c.ckpt_with(lambda ck: ck["model"].pop("transformer.h.0.mlp.c_fc.weight"))),
+         lambda c: ["its weights do not fit the model its model_config describes (no "
+                    "transformer.h.0.mlp.c_fc.weight)"]),
     Case("sample-checkpoint-with-weights-its-model-lacks", lambda c: sample_args(
         c, out=c.ckpt_with(lambda ck: _set(ck["model"], "extra.weight", torch.zeros(2)))),
          lambda c: ["(extra.weight, which that model does not have)"]),
@@ -2190,10 +2224,12 @@ def test_a_probe_whose_threads_outnumber_its_cpus_is_not_said_to_share_them_with
     import hardware
     monkeypatch.setattr(hardware, "CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (1e9, True))  # its threads waited for a CPU
-    monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
     peak, source = hardware.peak_flops("cpu", torch.float32)
     assert source.endswith("(2 threads), its threads outnumber the 1 CPU(s) it may use: not cached"), source
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)  # as many: the waiting was other work's
+    assert hardware.peak_flops("cpu", torch.float32)[1].endswith("(2 threads), while other work ran: not cached")
     assert not (tmp_path / "peak.json").exists()
 
 

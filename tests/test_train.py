@@ -776,6 +776,28 @@ def test_a_resume_notes_no_change_where_the_run_trains_as_an_uninterrupted_one(t
     clock = dataclasses.replace(resumed, max_seconds=60.0, lr_decay_iters=5000)
     clocked = {**checkpoint, "config": {**checkpoint["config"], "max_seconds": 60.0}}
     assert check_resumable(clocked, "ckpt.pt", clock, meta, splits) == ""
+    by_iterations = dataclasses.replace(resumed, lr_decay_iters=500)  # read there: a change the run follows
+    assert "lr_decay_iters 0 -> 500" in check_resumable(checkpoint, "ckpt.pt", by_iterations, meta, splits)
+    # records without checksums (data an older prepare.py wrote) in another folder: other tokens, maybe
+    unsummed = {name: {k: v for k, v in record.items() if k != "crc32"} for name, record in splits.items()}
+    assert "data_dir" in check_resumable({**checkpoint, "splits": unsummed}, "ckpt.pt",
+                                         dataclasses.replace(resumed, data_dir=str(copy)), meta, unsummed)
+
+
+def test_a_failed_save_says_what_would_fix_it_where_that_is_known(tmp_path, monkeypatch):
+    """Full: free some space; read-only, no permission, immutable: make out_dir writable; else nothing."""
+    import types
+    import train
+    cfg, state = train.TrainConfig(out_dir=str(tmp_path)), types.SimpleNamespace(iter_num=5, saved=False)
+    for code, fix in ((errno.ENOSPC, "free some space"), (errno.EDQUOT, "free some space"),
+                      (errno.EROFS, "make out_dir writable"), (errno.EACCES, "make out_dir writable"),
+                      (errno.EPERM, "make out_dir writable"), (errno.ENOENT, ""), (errno.EISDIR, "")):
+        def refused(checkpoint, path, code=code):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(train, "save_checkpoint", refused)
+        problem, said = train.write_checkpoint({}, str(tmp_path / "ckpt.pt"), cfg, state)
+        assert problem == f"could not write {tmp_path / 'ckpt.pt'} at iteration 5: {os.strerror(code)}"
+        assert said == fix, (code, said)
 
 
 def test_token_files_compare_by_what_both_records_say():
