@@ -134,7 +134,8 @@ def model_from_checkpoint(checkpoint, path, **overrides):
     are (attention backend, dropout); ValueError naming `path` if it does not fit this code's model."""
     try:
         settings = {**checkpoint["model_config"], **overrides}
-        unknown = ", ".join(name for name in settings if name not in {f.name for f in fields(GPTConfig)})
+        known = {f.name for f in fields(GPTConfig)}
+        unknown = ", ".join(name for name in settings if name not in known)
         if unknown:
             raise ValueError(f"its model_config has settings this code's GPTConfig does not know ({unknown}): it was "
                              "written by other (forked or newer) code")

@@ -124,7 +124,7 @@ def writable_directory(path, setting, room=0):
             made = stack.enter_context(new_directories(path))
             write_probe(path, room)
         except OSError as e:
-            full = "free some space or " if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            full = "free some space or " if e.errno in NO_ROOM else ""
             raise ValueError(f"cannot write to {setting}={path!r}: {e.strerror or e}; {full}pick another "
                              f"--{setting}") from None
         yield made
@@ -140,6 +140,10 @@ def check_writable(path):
         write_probe(folder)
     except OSError as e:
         raise ValueError(f"cannot write {path}: {e.strerror or e} in {folder}; pick another place") from None
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a write's errors that freeing space mends: a full disk, a user's quota
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)  # and those that permissions do: remounted, chmod, chattr +i
 
 
 def check_text_file(path, flag, instead="a text file in it"):

@@ -8,7 +8,6 @@ attention (attention_map.py renders the pictures):
     python sample.py --start="ROMEO:" --attention_map=attn.html   # explore its attention, step by step
 """
 import contextlib
-import errno
 import os
 import random
 import signal
@@ -24,7 +23,7 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckp
                         load_checkpoint, model_from_checkpoint)
 from configurator import check_at_least, config_from_argv, expand_home, fail, first_line
 from data.tokenizer import GPT2Tokenizer
-from files import OutputThatMayClose, check_stdout, check_writable, read_text_file
+from files import NO_ROOM, OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import (DType, check_threads, device_type_of, make_current, memory_bytes, pick_device, pick_dtype,
                       ran_out_of_memory, set_up_cpu)
 from model import GPT, RUNTIME_SETTINGS, check_init_from, check_sampling
@@ -153,7 +152,7 @@ def main(cfg):
         if not cfg.attention_map:
             raise
         kept = "; the file that was there is kept" if os.path.exists(cfg.attention_map) else ""
-        full = "free some space or " if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        full = "free some space or " if e.errno in NO_ROOM else ""
         fail(f"could not write {cfg.attention_map}: {e.strerror or e}{kept}; {full}pick another place", status=1)
 
 

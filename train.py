@@ -10,7 +10,6 @@ order, and the functions after it are its steps.
 """
 import collections
 import contextlib
-import errno
 import os
 import random
 import secrets
@@ -44,7 +43,7 @@ from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fa
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
                       make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
-from files import OutputThatMayClose, check_stdout, same_folder
+from files import NO_ROOM, NOT_WRITABLE, OutputThatMayClose, check_stdout, same_folder
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, Optimizer, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer
@@ -884,8 +883,7 @@ def write_checkpoint(checkpoint, path, cfg, state):
     except OSError as e:
         whose = "the previous" if has_checkpoint(cfg, state) else "an earlier run's"  # --overwrite=true's
         kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
-        fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make out_dir writable",
-               errno.EACCES: "make out_dir writable", errno.EPERM: "make out_dir writable"}.get(e.errno, "")
+        fix = "free some space" if e.errno in NO_ROOM else "make out_dir writable" if e.errno in NOT_WRITABLE else ""
         return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}", fix
 
 
