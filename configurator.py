@@ -54,6 +54,27 @@ def fail(message, status=2):
     sys.exit(status)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `docker stop`, a job scheduler), raised as Ctrl-C's KeyboardInterrupt is: see
+    interrupt_on_sigterm."""
+
+
+def interrupt_on_sigterm():
+    """From now on SIGTERM raises Terminated where it would end the process at once, so that code which stops
+    on Ctrl-C with one line, cleaning up as it goes (a half-written file, a lock), stops so on SIGTERM too.
+    Returns the handler it replaced, for the caller to put back."""
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def interrupting_signal(error):
+    """The signal a KeyboardInterrupt stands for: SIGTERM for Terminated, else Ctrl-C's SIGINT."""
+    return signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT
+
+
 def first_line(error, with_type=False):
     """An exception's message as one line for a user: its first line, after its type's name if asked;
     its type's name alone where it says nothing (a bare assert)."""

@@ -35,8 +35,8 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resu
                         ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint,
                         saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state, trained_settings,
                         unlock_out_dir)
-from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line, takes_type,
-                          under_torchrun)
+from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
+                          interrupt_on_sigterm, interrupting_signal, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -193,13 +193,13 @@ def fits_every_width(cfg, n_head):
 
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped); torch's deterministic mode is left as it was."""
-    stop = StopRequest()  # once training runs, Ctrl-C or SIGTERM finish the step, save and exit non-zero
+    stop = StopRequest()  # in training Ctrl-C or SIGTERM finish the step, save and exit non-zero; before, one line
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         error, note, model, state = None, "", None, None
         try:  # bad input: one line, exit status 2, before any output (load_data may first prepare the corpus)
             check_stdout()
-            stop.watch_output()
+            stop.watch()
             setup = set_up(cfg)
             data = load_data(cfg, setup)
             checkpoint = load_resume_point(cfg)
@@ -235,8 +235,8 @@ def main(cfg):
         else:
             train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
         return model
-    except KeyboardInterrupt:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
-        fail("interrupted before training started; nothing was trained", status=128 + signal.SIGINT)
+    except KeyboardInterrupt as e:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
+        fail("interrupted before training started; nothing was trained", status=128 + interrupting_signal(e))
     except DamagedTokens as e:  # found in a batch, by this rank alone
         fail_alone(str(e), status=1)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
@@ -342,9 +342,9 @@ def load_data(cfg, setup):
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")
             try:
                 prepare_default_corpus(cfg.data_dir)
-            except KeyboardInterrupt:  # before training, Ctrl-C is not a stop request: there is nothing to save
+            except KeyboardInterrupt as e:  # before training, Ctrl-C is not a stop request: there is nothing to save
                 fail(f"interrupted while preparing {cfg.data_dir}; it holds no data yet: run again to prepare it",
-                     status=128 + signal.SIGINT)
+                     status=128 + interrupting_signal(e))
     finally:  # the others wait for the first process of each machine, even if it failed
         if setup.distributed:
             torch.distributed.barrier()
@@ -799,16 +799,21 @@ def train_step(state, wrapped_model, cfg, setup, multiplier):
 
 class StopRequest:
     """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step.
-    From watch_output(): a reader of stdout that goes away (python train.py | head) is a stop request
-    too (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training."""
+    From watch(): a reader of stdout that goes away (python train.py | head) is a stop request too
+    (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training; and
+    until start(), SIGTERM interrupts as Ctrl-C does, rather than ending the process at once while the
+    corpus is prepared or the model compiles (a silent death that left out_dir locked)."""
 
     def __init__(self):
-        self.signum, self.previous, self.stdout, self.line_buffering = 0, {}, None, None
+        self.signum, self.training, self.previous, self.stdout, self.line_buffering = 0, False, {}, None, None
 
     def start(self):
-        self.previous = {s: signal.signal(s, self.request) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in (signal.SIGINT, signal.SIGTERM):  # what was there before watch() is what release() puts back
+            self.previous.setdefault(s, signal.signal(s, self.request))
+        self.training = True
 
-    def watch_output(self):
+    def watch(self):
+        self.previous[signal.SIGTERM] = interrupt_on_sigterm()
         self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, self.output_closed)
         # a line at a time into a pipe too (| tee, | head), not a block buffer that holds minutes of the log
         self.line_buffering = getattr(self.stdout, "line_buffering", None)
@@ -823,7 +828,7 @@ class StopRequest:
         is full: a stop once training runs (said, and the rest of the log goes to stderr), else the end."""
         if isinstance(error, BrokenPipeError):
             self.request(signal.SIGPIPE, None)
-        elif not self.previous:  # before training, or an evaluation alone: nothing to save
+        elif not self.training:  # before training, or an evaluation alone: nothing to save
             fail(f"could not write to stdout: {error.strerror or error}", status=1)
         else:
             sys.stderr.write(f"warning: the log cannot be written to stdout ({error.strerror or error}); the run "

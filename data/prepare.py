@@ -43,7 +43,8 @@ from tqdm.auto import tqdm
 if __name__ == "__main__":  # run as a script, data/ is on sys.path: the repository's modules are one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configurator import config_from_argv, expand_home, fail, first_line  # noqa: E402 - after the sys.path fix above
+from configurator import (config_from_argv, expand_home, fail, first_line, interrupt_on_sigterm,  # noqa: E402 - after
+                          interrupting_signal)  # the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
@@ -605,23 +606,15 @@ def main():
         sys.stdout = stdout
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`timeout`, `docker stop`, a job scheduler) while preparing: undone as a Ctrl-C is."""
-
-
-def _terminate(signum, frame):
-    raise Terminated
-
-
 def prepare_or_fail(cfg):
     """prepare(cfg), or an exit with one line: bad input (status 2), Ctrl-C or SIGTERM (128 + the signal)."""
-    before = signal.signal(signal.SIGTERM, _terminate)
+    before = interrupt_on_sigterm()  # SIGTERM too is undone as a Ctrl-C is
     try:
         return prepare(cfg)
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
     except KeyboardInterrupt as e:  # the files are written beside their names and renamed at the end
-        signum = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+        signum = interrupting_signal(e)
         fail(f"stopped by {signum.name}; the data dir was left as it was", status=128 + signum)
     finally:
         signal.signal(signal.SIGTERM, before)

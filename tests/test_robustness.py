@@ -1100,6 +1100,31 @@ def test_ctrl_c_while_the_default_corpus_is_prepared_is_one_line(tmp_path):
         "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 
 
+def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_path, data_dir):
+    """SIGTERM (a job scheduler's, `timeout`'s) before training starts, here while torch.compile works for
+    half a minute: nothing to save, so one line, 128 + SIGTERM, and the out_dir made for this run and its lock
+    taken away. It ended the process at once: no word, and an out_dir holding a .lock."""
+    slow_compile = ("import sys, time\nimport train\n"
+                    "def compile_model(model, cfg, setup, optimizers):\n    print('compiling', flush=True)\n"
+                    "    for _ in range(1200):\n        time.sleep(0.05)\n"
+                    "train.compile_model = compile_model\ntrain.main(train.config_from_argv(train.TrainConfig))\n")
+    (tmp_path / "worker.py").write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + slow_compile)
+    out = tmp_path / "runs" / "out"
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), *TINY, f"--data_dir={data_dir}",
+                             f"--out_dir={out}", "--compile=true"], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = Lines(proc)
+    try:
+        lines.wait_for(r"^compiling$")
+        assert (out / ".lock").exists()
+        proc.send_signal(signal.SIGTERM)
+        rc, _, stderr = lines.finish()
+    finally:
+        kill_quietly(proc)
+    assert rc == 128 + signal.SIGTERM and stderr == "error: interrupted before training started; nothing was trained\n"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_default_corpus_is_prepared_however_its_folder_is_spelled(tmp_path):
     """--data_dir=data/shakespeare_char/ (a shell's completion adds the slash) is the default corpus's folder,
     prepared on a first run as the default is, not an own-data folder that was never prepared."""
