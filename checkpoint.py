@@ -166,14 +166,15 @@ def weights_misfit(expected, weights):
     return f"{extra[0]}, which that model does not have" if extra else ""
 
 
-def check_resumable(checkpoint, path, cfg, meta, splits=None):
+def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
     """ValueError unless the checkpoint holds the model that cfg (a train.py config) asks for, and was
     trained on tokens of the same tokenizer as the data's (meta, its meta.json). A model setting may be
     the first run's or the model's: with init_from=gpt2 the weights decided the shape, so the same command
     line resumes, and so does one that gives the weights' own shape. Returns a note naming every other
     setting that changed since, but NEUTRAL_SETTINGS (with eval_only, the EVALUATION_SETTINGS), and token
     files that changed (splits: meta.json's record of them), for train.py to print once every check has
-    passed ("" if nothing did)."""
+    passed ("" if nothing did). chosen_here: the RESOLVED_SETTINGS that cfg holds as this machine resolved
+    their defaults (dtype=auto, say): the note says how to keep the checkpoint's, as it does for a default."""
     check_resume_fields(checkpoint, path)
     saved, defaults = checkpoint["config"], type(cfg)()
     if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
@@ -210,7 +211,7 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None):
     if "data_dir" in was and (same_folder(str(was["data_dir"]), cfg.data_dir) or same_token_files(before, now)):
         del was["data_dir"]  # another spelling of the folder, or a copy of its files: the same tokens
     kept = {name: f" (the default; --{name}={as_typed(value)} keeps the checkpoint's)"  # how to keep it
-            for name, value in was.items() if getattr(cfg, name) == getattr(defaults, name)}
+            for name, value in was.items() if getattr(cfg, name) == getattr(defaults, name) or name in chosen_here}
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])}"

@@ -31,10 +31,10 @@ from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from attention import check_backend
-from checkpoint import (OUT_DIR, check_not_an_out_dir, check_out_dir, check_resumable, check_resume_fields,
-                        ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint, rng_state, save_checkpoint,
-                        saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state, trained_settings,
-                        unlock_out_dir)
+from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_out_dir, check_resumable,
+                        check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
+                        rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
+                        trained_settings, unlock_out_dir)
 from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
                           interrupt_on_sigterm, interrupting_signal, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
@@ -208,7 +208,8 @@ def main(cfg):
             note = "\n".join(filter(None, [note, schedule_note(cfg), unread_note(cfg, setup.distributed)]))
             check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg))
             if checkpoint is not None:
-                changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits)
+                changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits,
+                                          chosen_here=setup.chosen_here)
                 note = "\n".join(filter(None, [note, changed]))
             seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
@@ -224,11 +225,8 @@ def main(cfg):
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input
-        if cfg.init_from == "resume" and setup.master:
-            print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} "
-                  f"at iteration {state.iter_num}" + (f"\n{note}" if note else ""))
-        elif note and setup.master:
-            print(note)
+        if setup.master:
+            print_start(cfg, state.iter_num, note)
         logger = TrainingLog(cfg, setup, model)
         if cfg.eval_only:  # writes nothing to out_dir
             logger.evaluation(state.iter_num, evaluate(model, data, cfg, setup))
@@ -253,6 +251,14 @@ def main(cfg):
             stop.release()
 
 
+def print_start(cfg, iter_num, note):
+    """Where the run starts, if it resumes, and the notes on its settings."""
+    if cfg.init_from == "resume":
+        print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} at iteration {iter_num}")
+    if note:
+        print(note)
+
+
 def seed_everything(seed):
     """Python's, NumPy's and torch's generators, as a run of this seed draws from them from the start."""
     torch.manual_seed(seed)
@@ -271,6 +277,7 @@ class Setup:
     accumulation_steps: int  # micro-batches per optimizer step, all ranks together
     device: str
     dtype: torch.dtype
+    chosen_here: tuple = ()  # the settings of checkpoint.RESOLVED_SETTINGS left at auto (or 0) for this machine
 
     def __post_init__(self):
         self.master = self.rank == 0  # rank 0 prints and writes
@@ -306,7 +313,8 @@ def set_up(cfg):
     if distributed:
         die_with_launcher()
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype)
+    chosen_here = tuple(k for k in RESOLVED_SETTINGS if getattr(cfg, k) == getattr(type(cfg)(), k))
+    return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype, chosen_here)
 
 
 def process_device(name, distributed, local_rank, processes_here):

@@ -489,6 +489,29 @@ def test_a_training_setting_whose_default_changed_says_how_to_keep_it(tmp_path, 
         "--min_lr=0.0002 keeps the checkpoint's) since the checkpoint;" in out, out
 
 
+def test_a_resume_says_how_to_keep_what_auto_chose_for_the_checkpoint(tmp_path, data_dir, capsys):
+    """dtype=auto and gradient_accumulation_steps=0 are chosen on each machine: resumed with them after a run
+    that trained in the other dtype with two micro-batches, the note names the flags that keep the
+    checkpoint's values, as it does for a setting left at its default; values given on the command line get
+    no such advice."""
+    import train
+    auto = train.dtype_name(train.pick_dtype("auto", "cpu"))
+    other = "float32" if auto == "bfloat16" else "bfloat16"
+    cfg = dict(compile=False, max_iters=2, warmup_iters=0)
+    train.main(tiny_config(data_dir, tmp_path / "a", **cfg, dtype=other, gradient_accumulation_steps=2))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    capsys.readouterr()
+    for out_dir, given in (("a", dict(dtype="auto", gradient_accumulation_steps=0)),
+                           ("b", dict(dtype=auto, gradient_accumulation_steps=1))):
+        train.main(tiny_config(data_dir, tmp_path / out_dir, **{**cfg, "max_iters": 3}, init_from="resume", **given))
+        note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note:"))
+        hints = [f"dtype {other} -> {auto} (the default; --dtype={other} keeps the checkpoint's)",
+                 "gradient_accumulation_steps 2 -> 1 (the default; --gradient_accumulation_steps=2 keeps the "
+                 "checkpoint's)"]
+        assert all((hint in note) == (out_dir == "a") for hint in hints), note
+        assert f"dtype {other} -> {auto}" in note and "gradient_accumulation_steps 2 -> 1" in note, note
+
+
 def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_path, data_dir, monkeypatch):
     """Under torchrun the ranks agree on the clock only every few seconds; evaluations recorded that agreed
     time, so two of them could say the same second, and loss.png's time axis went back. Here no agreement
