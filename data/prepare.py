@@ -195,6 +195,14 @@ def _existing_files(files):
     return files
 
 
+def input_files(text):
+    """--input's files: comma-separated, or the whole text where it names a file (whose name has a comma)."""
+    whole = os.path.expanduser(text.strip())
+    if "," in text and os.path.isfile(whole):
+        return [whole]
+    return [os.path.expanduser(path.strip()) for path in text.split(",") if path.strip()]
+
+
 def _nonempty_documents(docs):
     """docs without the empty ones; a value that is not text (a None in a dataset column) is an error."""
     for i, doc in enumerate(docs):
@@ -575,7 +583,7 @@ def _prepare_source(cfg, tokenizer, out_dir):
             return prepare_char_dataset(out_dir, cfg.dataset, **source)
         return prepare_bpe(out_dir, dataset=cfg.dataset, **source)
     if cfg.input:
-        files = [os.path.expanduser(path.strip()) for path in cfg.input.split(",") if path.strip()]
+        files = input_files(cfg.input)
         if tokenizer == "char":
             texts = (read_text_file(p, "--input=") for p in _existing_files(files))
             return prepare_char(_join_documents(texts), out_dir)

@@ -854,6 +854,15 @@ def test_cli_comma_separated_input(tmp_path, run_main):
         "to be or not to be\n" * 4 + "to be" + "<|endoftext|>" + "that is the question"
 
 
+def test_input_names_a_file_with_a_comma_in_its_name(tmp_path, run_main):
+    """--input=FILE where the file's name has a comma: that file, not two that do not exist."""
+    (tmp_path / "hamlet, act 1.txt").write_text("to be or not to be")
+    status, _, err = run_main("--input=hamlet, act 1.txt", "--out_dir=char", "--tokenizer=char", cwd=tmp_path)
+    assert status == 0, err
+    assert tokenizer_from_meta(load_meta(str(tmp_path / "char"))).decode(tokens(tmp_path / "char")) == \
+        "to be or not to be"
+
+
 def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_main, datasets_cache):
     """--dataset="docs/*.jsonl" (the README's form) over train.jsonl and validation.jsonl validates on the
     validation file, as --dataset=docs does, and trains on the train file alone; a glob that matches files
