@@ -2159,16 +2159,21 @@ def test_a_cpu_peak_measured_under_another_torch_is_measured_again(tmp_path, mon
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
 
 
-def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_tests_keep_their_own(tmp_path):
+def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_tests_keep_their_own(tmp_path,
+                                                                                                     monkeypatch):
     """XDG_CACHE_HOME, where set, is the user's cache folder, ~/.cache where not; the tests give their runs a
     folder of their own, so a peak measured while tests share the cores never reaches the user's runs."""
-    where = "import hardware; print(hardware.CPU_PEAK_CACHE)"
-    for env, folder in (({"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg"), ({}, tmp_path / ".cache"),
-                        ({"XDG_CACHE_HOME": "relative"}, tmp_path / ".cache")):  # relative: not a place, ignored
-        shown = subprocess.run([sys.executable, "-c", where], cwd=ROOT, capture_output=True, text=True, check=True,
-                               env={**{k: v for k, v in ENV.items() if k != "XDG_CACHE_HOME"}, "HOME": str(tmp_path),
-                                    **env}).stdout
-        assert shown == f"{folder / 'gpt-from-scratch' / 'cpu_peak_flops.json'}\n", shown
+    import hardware
+    from files import cache_home
+    assert hardware.CPU_PEAK_CACHE == os.path.join(cache_home(), "gpt-from-scratch", "cpu_peak_flops.json")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for xdg, folder in ((str(tmp_path / "xdg"), tmp_path / "xdg"), (None, tmp_path / ".cache"),
+                        ("relative", tmp_path / ".cache")):  # relative: not a place, ignored
+        if xdg is None:
+            monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert cache_home() == str(folder), xdg
     prepare_char(TEXT, str(tmp_path / "data"))
     check_ok(subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={tmp_path / 'data'}", "--max_iters=1",
                              f"--out_dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True, text=True,
