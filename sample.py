@@ -24,8 +24,8 @@ from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckp
 from configurator import check_at_least, config_from_argv, expand_home, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import NO_ROOM, OutputThatMayClose, check_stdout, check_writable, read_text_file
-from hardware import (DType, check_threads, device_type_of, make_current, memory_bytes, pick_device, pick_dtype,
-                      ran_out_of_memory, set_up_cpu)
+from hardware import (DType, check_threads, device_type_of, last_level_cache_bytes, make_current, memory_bytes,
+                      pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
 from model import GPT, RUNTIME_SETTINGS, check_init_from, check_sampling
 
 
@@ -142,6 +142,8 @@ def main(cfg):
             else:
                 if cfg.compile:
                     compile_and_warm_up(model, ids, cfg)
+                else:
+                    pack_for_decoding(model, dtype)
                 write_samples(model, tokenizer, prompt, ids, cfg)
     except (RuntimeError, MemoryError) as e:  # check_fits judged by the machine's memory; a limit can be lower
         if not ran_out_of_memory(e):
@@ -205,6 +207,51 @@ def check_fits(model, cfg, n_prompt, device, dtype):
 # so that the MLP and the head (vocab_size rows) go the same way. GPUs keep their matmuls (the pass
 # leaves one row to cuBLAS there).
 DECODE_MM_PASS = {"cpu_max_other_dimension_decomposition": 2**31}
+
+
+class PackedLinear(torch.nn.Module):
+    """An nn.Linear for decoding on a CPU: its weight copied once into oneDNN's blocked layout, from which
+    oneDNN computes the same products and reads the weight up to twice as fast as from the (out, in)
+    layout, and a token's matrix-vector products are that read. PyTorch's own ops for this, the ones its
+    compiler's CPU inference calls. The copy is for decoding only: no gradient, and no .to() moves it."""
+
+    def __init__(self, linear):
+        super().__init__()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)  # for 1 row: a token
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x):
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def packing_pays(device, dtype, weight_bytes):
+    """Whether PackedLinear decodes faster (bench/README.md, "Packed weights"): on a CPU with oneDNN, in bf16
+    at every size measured, and in fp32 once the weights outgrow the last-level cache (a model that fits
+    in it, as the tiny default does, runs faster on the plain kernel)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.bfloat16 or (dtype == torch.float32 and weight_bytes > last_level_cache_bytes())
+
+
+def pack_for_decoding(model, dtype):
+    """Every nn.Linear of the model (in dtype) as a PackedLinear where that pays, and where this torch's
+    oneDNN ops compute what nn.Linear does (checked on the first one: an op another torch version lacks, a
+    dtype its oneDNN does not take). Returns whether it packed."""
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) is torch.nn.Linear]
+    weight_bytes = sum(child.weight.nbytes for _, _, child in linears)
+    if not linears or not packing_pays(next(model.parameters()).device, dtype, weight_bytes):
+        return False
+    first = linears[0][2]
+    x = torch.randn(2, first.in_features, dtype=dtype)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(PackedLinear(first)(x), first(x))
+    except Exception:  # noqa: BLE001 - an op this torch lacks, a dtype its oneDNN does not take, another result
+        return False
+    for parent, name, child in linears:
+        setattr(parent, name, PackedLinear(child))
+    return True
 
 
 def compile_for_decoding(model):

@@ -4,7 +4,9 @@ Generation speed: tokens/s of model.generate, batch 1, side by side with a refer
 
   nanogpt (default)  nanoGPT's CPU model (4 x 128, block 64), 500 new tokens at temperature 1.0 with
              a fixed torch.Generator, three ways:
-    kv_cache   model.generate: each new token runs through the model alone, against cached keys and values
+    kv_cache   model.generate: each new token runs through the model alone, against cached keys and values,
+               its Linears packed for oneDNN where sample.py packs them (sample.pack_for_decoding; then
+               kv_cache_unpacked times the same without)
     no_cache   model.generate(use_kv_cache=False): the whole window again for every token
     nanogpt    nanoGPT's generate loop (crop the context to block_size, a full forward per token,
                append with torch.cat) on the same-sized model with nanoGPT's choices (learned positions,
@@ -66,7 +68,7 @@ from data.loader import load_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, meta_path
 from hardware import DType, device_type_of, dtype_name
 from model import GPT, GPTConfig, check_sampling
-from sample import check_sampled_fields, compile_for_decoding
+from sample import check_sampled_fields, compile_for_decoding, pack_for_decoding
 from train import TrainConfig, model_config
 
 # Each reference's model and run, unless a flag sets them: nanoGPT's CPU recipe (train.py's CPU default
@@ -312,6 +314,9 @@ def build_paths(cfg, device, device_type):
     if cfg.compile:  # a copy, so that the other paths stay eager
         models["kv_cache_compiled"] = copy.deepcopy(models["kv_cache"])
         compile_for_decoding(models["kv_cache_compiled"])
+    unpacked = copy.deepcopy(models["kv_cache"])
+    if pack_for_decoding(models["kv_cache"], dtype):  # as sample.py decodes; the plain Linears beside it
+        models["kv_cache_unpacked"] = unpacked
     return models, source, dtype
 
 

@@ -303,9 +303,11 @@ def test_the_sample_bench_compares_with_nanogpts_choices_at_the_models_size():
         pos_embedding="learned", norm="layernorm", qk_norm=False, zero_init=False, activation="gelu"))
 
 
-@pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),
-                                         ("bfloat16", {"kv_cache", "transformers", "transformers_fp32"})])
+@pytest.mark.parametrize("dtype,paths", [("float32", {"kv_cache", "transformers"}),  # fits in the cache: not packed
+                                         ("bfloat16", {"kv_cache", "transformers", "transformers_fp32",
+                                                       "kv_cache_unpacked"})])
 def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_path, dtype, paths):
+    """kv_cache decodes as sample.py does: in bf16 its Linears packed, and the unpacked model timed beside it."""
     result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--reference=transformers", "--n_layer=1",
                        "--n_embd=32", "--n_head=2", "--block_size=64", "--max_new_tokens=20", "--repeats=1",
                        "--warmup_tokens=2", f"--dtype={dtype}")

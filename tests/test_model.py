@@ -1015,6 +1015,54 @@ def test_a_compile_that_fails_without_a_message_is_one_line(sampling_out_dir, mo
         "error: --compile=true: torch.compile failed here (AssertionError); sample with --compile=false")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_linears_packed_for_decoding_compute_what_the_model_does(dtype, monkeypatch):
+    """sample.py's packed Linears (oneDNN's layout) give the plain model's logits, to the dtype's rounding, and
+    greedy decoding writes the same tokens, with the cache and without: each packed copy is its own Linear's
+    weight and bias (another layer's, or a transposed one, would move every logit)."""
+    import copy
+
+    import sample
+    monkeypatch.setattr(sample, "last_level_cache_bytes", lambda: 0)  # fp32 too, as for weights beyond the cache
+    model = make_gpt("manual", std=0.3).to(dtype)
+    packed = copy.deepcopy(model)
+    assert sample.pack_for_decoding(packed, dtype)
+    assert {type(m).__name__ for m in packed.modules()} >= {"PackedLinear"} and \
+        not any(type(m) is torch.nn.Linear for m in packed.modules())
+    prompt = rand_tokens(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(prompt)[0], model(prompt)[0])
+    for use_kv_cache in (True, False):
+        assert torch.equal(packed.generate(prompt, 24, temperature=0, use_kv_cache=use_kv_cache),
+                           model.generate(prompt, 24, temperature=0, use_kv_cache=use_kv_cache))
+
+
+def test_sample_py_packs_its_linears_only_where_that_pays_and_computes_the_same(sampling_out_dir, monkeypatch,
+                                                                               capsys):
+    """On a CPU: bf16 at any size, fp32 once the weights outgrow the last-level cache, nothing on a GPU;
+    sample.py then samples from the packed model what it samples from the plain one (here: where it would
+    compile, a stub). A packed op that computes otherwise here (another torch, another oneDNN) leaves every
+    Linear as it was."""
+    import sample
+    cpu, cache = torch.device("cpu"), 1000
+    monkeypatch.setattr(sample, "last_level_cache_bytes", lambda: cache)
+    assert sample.packing_pays(cpu, torch.bfloat16, 10) and sample.packing_pays(cpu, torch.float32, cache + 1)
+    assert not sample.packing_pays(cpu, torch.float32, cache) and not sample.packing_pays(torch.device("cuda"),
+                                                                                          torch.bfloat16, 10**9)
+    packs, pack = [], sample.pack_for_decoding
+    monkeypatch.setattr(sample, "pack_for_decoding", lambda model, dtype: packs.append((dtype, pack(model, dtype))))
+    monkeypatch.setattr(sample, "compile_and_warm_up", lambda model, ids, cfg: None)
+    written = []
+    for compile in (False, True):
+        sample.main(sample.SampleConfig(out_dir=str(sampling_out_dir), device="cpu", dtype="bfloat16",
+                                        max_new_tokens=20, temperature=0.8, compile=compile))
+        written.append(capsys.readouterr().out)
+    assert packs == [(torch.bfloat16, True)] and written[0] == written[1] and written[0].count(SEPARATOR) == 2
+    model = make_gpt("manual").to(torch.bfloat16)
+    monkeypatch.setattr(sample.PackedLinear, "forward", lambda self, x: torch.zeros(()))
+    assert not pack(model, torch.bfloat16) and not any(type(m).__name__ == "PackedLinear" for m in model.modules())
+
+
 # --------------------------------------------------------------------------- configuration
 
 
