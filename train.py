@@ -36,7 +36,7 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
                         trained_settings, unlock_out_dir)
 from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
-                          interrupt_on_sigterm, interrupting_signal, takes_type, under_torchrun)
+                          interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
@@ -234,7 +234,7 @@ def main(cfg):
             train(cfg, setup, data, state, wrap_model(cfg, setup, model, state.optimizers), logger, stop)
         return model
     except KeyboardInterrupt as e:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
-        fail("interrupted before training started; nothing was trained", status=128 + interrupting_signal(e))
+        fail("interrupted before training started; nothing was trained", status=128 + interrupted_by(e))
     except DamagedTokens as e:  # found in a batch, by this rank alone
         fail_alone(str(e), status=1)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
@@ -352,7 +352,7 @@ def load_data(cfg, setup):
                 prepare_default_corpus(cfg.data_dir)
             except KeyboardInterrupt as e:  # before training, Ctrl-C is not a stop request: there is nothing to save
                 fail(f"interrupted while preparing {cfg.data_dir}; it holds no data yet: run again to prepare it",
-                     status=128 + interrupting_signal(e))
+                     status=128 + interrupted_by(e))
     finally:  # the others wait for the first process of each machine, even if it failed
         if setup.distributed:
             torch.distributed.barrier()

@@ -44,7 +44,7 @@ if __name__ == "__main__":  # run as a script, data/ is on sys.path: the reposit
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import (config_from_argv, expand_home, fail, first_line, interrupt_on_sigterm,  # noqa: E402 - after
-                          interrupting_signal)  # the sys.path fix above
+                          interrupted_by)  # the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
@@ -622,7 +622,7 @@ def prepare_or_fail(cfg):
     except (ValueError, OSError) as e:
         fail(" ".join(str(e).split()) or type(e).__name__)  # one line, however the message was built
     except KeyboardInterrupt as e:  # the files are written beside their names and renamed at the end
-        signum = interrupting_signal(e)
+        signum = interrupted_by(e)
         fail(f"stopped by {signum.name}; the data dir was left as it was", status=128 + signum)
     finally:
         signal.signal(signal.SIGTERM, before)

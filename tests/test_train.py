@@ -1129,7 +1129,8 @@ def test_main_gives_torch_s_deterministic_mode_back_as_it_found_it(tmp_path, dat
 @pytest.mark.parametrize("where", ["compiling", "loading the data"])
 def test_ctrl_c_before_training_is_one_line_and_nothing_is_written(tmp_path, data_dir, monkeypatch, capsys, where):
     """Before train() takes Ctrl-C as a stop request (set-up: a GPT-2 download, a checkpoint or the data
-    loading; then compiling), it stops the run in one line."""
+    loading; then compiling), it stops the run in one line. A SIGTERM during the clean-up after it (torchrun
+    sends one after a Ctrl-C) breaks nothing, and the caller's handler is back afterwards."""
     import train
 
     def interrupted(*args, **kwargs):
@@ -1139,9 +1140,12 @@ def test_ctrl_c_before_training_is_one_line_and_nothing_is_written(tmp_path, dat
         monkeypatch.setattr(torch, "compile", lambda model: interrupted)
     else:
         monkeypatch.setattr(train, "load_data", interrupted)
+    unlock = train.unlock_out_dir
+    monkeypatch.setattr(train, "unlock_out_dir", lambda out_dir: (os.kill(os.getpid(), signal.SIGTERM), unlock(out_dir)))
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exit:
         train.main(tiny_config(data_dir, tmp_path / "out"))
-    assert exit.value.code == 130
+    assert exit.value.code == 130 and signal.getsignal(signal.SIGTERM) == before
     assert capsys.readouterr().err == "error: interrupted before training started; nothing was trained\n"
     assert not (tmp_path / "out" / "ckpt.pt").exists()
 
