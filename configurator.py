@@ -72,9 +72,10 @@ def _raise_terminated(signum, frame):
 
 def interrupted_by(error):
     """The signal a KeyboardInterrupt stands for: SIGTERM for Terminated, else Ctrl-C's SIGINT. The process is
-    on its way out then, so a later SIGTERM is ignored from here on: torchrun follows a Ctrl-C with one,
-    which would break into the clean-up with a traceback."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    on its way out then, so where SIGTERM interrupts (interrupt_on_sigterm), a later one is ignored from here
+    on: it would break into the clean-up with a traceback."""
+    if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT
 
 

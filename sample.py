@@ -236,7 +236,8 @@ def packing_pays(device, dtype, weight_bytes):
 def pack_for_decoding(model, dtype):
     """Every nn.Linear of the model (in dtype) as a PackedLinear where that pays, and where this torch's
     oneDNN ops compute what nn.Linear does (checked on the first one: an op another torch version lacks, a
-    dtype its oneDNN does not take). Returns whether it packed."""
+    dtype its oneDNN does not take). Returns whether it packed. A head tied to the token embedding (GPT-2's)
+    is then held twice, the embedding's and the packed copy: vocab_size x n_embd more weights in memory."""
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is torch.nn.Linear]
     weight_bytes = sum(child.weight.nbytes for _, _, child in linears)

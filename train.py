@@ -209,7 +209,7 @@ def main(cfg):
             check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg))
             if checkpoint is not None:
                 changed = check_resumable(checkpoint, ckpt_path(cfg.out_dir), cfg, data.meta, data.splits,
-                                          chosen_here=setup.chosen_here)
+                                          chosen_here=keepable_here(setup, checkpoint["config"]))
                 note = "\n".join(filter(None, [note, changed]))
             seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
@@ -306,15 +306,38 @@ def set_up(cfg):
         raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
                          "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run keeps the "
                          "optimizer it was trained with)")
-    accumulation_steps = cfg.gradient_accumulation_steps or world_size
-    if accumulation_steps % world_size:
-        raise ValueError(f"gradient_accumulation_steps={accumulation_steps} must be a multiple of the number of "
-                         f"processes ({world_size}), or 0 for one micro-batch per process")
+    accumulation_steps = micro_batches(cfg.gradient_accumulation_steps, world_size)
     if distributed:
         die_with_launcher()
         torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     chosen_here = tuple(k for k in RESOLVED_SETTINGS if getattr(cfg, k) == getattr(type(cfg)(), k))
     return Setup(rank, local_rank, world_size, distributed, fsdp, accumulation_steps, device, dtype, chosen_here)
+
+
+def micro_batches(gradient_accumulation_steps, world_size):
+    """The micro-batches of an optimizer step, all ranks together, that the setting asks for (0: one per
+    rank); ValueError where the ranks cannot share them."""
+    steps = gradient_accumulation_steps or world_size
+    if steps % world_size:
+        raise ValueError(f"gradient_accumulation_steps={steps} must be a multiple of the number of processes "
+                         f"({world_size}), or 0 for one micro-batch per process")
+    return steps
+
+
+def keepable_here(setup, saved):
+    """Of the settings left to this machine (setup.chosen_here), those whose value in a checkpoint's config
+    (saved) would run here too, so that a resume's note may name the flag that keeps it: not fp16 on a CPU,
+    say, nor micro-batches that this many ranks cannot share."""
+    runs_here = {"dtype": lambda value: pick_dtype(value, setup.device_type),
+                 "gradient_accumulation_steps": lambda value: micro_batches(value, setup.world_size)}
+    keepable = []
+    for name in setup.chosen_here:
+        try:
+            runs_here[name](saved[name])
+        except (KeyError, ValueError, TypeError, AttributeError):  # not saved, not a value, or not one for here
+            continue
+        keepable.append(name)
+    return tuple(keepable)
 
 
 def process_device(name, distributed, local_rank, processes_here):
@@ -809,8 +832,9 @@ class StopRequest:
     """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step.
     From watch(): a reader of stdout that goes away (python train.py | head) is a stop request too
     (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training; and
-    until start(), SIGTERM interrupts as Ctrl-C does, rather than ending the process at once while the
-    corpus is prepared or the model compiles (a silent death that left out_dir locked)."""
+    until start(), in a process of its own (not torchrun's), SIGTERM interrupts as Ctrl-C does, rather than
+    ending the process at once while the corpus is prepared or the model compiles (a silent death that left
+    out_dir locked)."""
 
     def __init__(self):
         self.signum, self.training, self.previous, self.stdout, self.line_buffering = 0, False, {}, None, None
@@ -821,7 +845,8 @@ class StopRequest:
         self.training = True
 
     def watch(self):
-        self.previous[signal.SIGTERM] = interrupt_on_sigterm()
+        if not under_torchrun():  # a rank would wait for its peers at the group's exit: torchrun's SIGTERM ends it
+            self.previous[signal.SIGTERM] = interrupt_on_sigterm()
         self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, self.output_closed)
         # a line at a time into a pipe too (| tee, | head), not a block buffer that holds minutes of the log
         self.line_buffering = getattr(self.stdout, "line_buffering", None)

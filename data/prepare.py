@@ -196,11 +196,22 @@ def _existing_files(files):
 
 
 def input_files(text):
-    """--input's files: comma-separated, or the whole text where it names a file (whose name has a comma)."""
+    """--input's files: comma-separated, or the whole text where it names a file (whose name has a comma).
+    ValueError where a name split at its commas is there, with others: given with other files, say."""
     whole = os.path.expanduser(text.strip())
     if "," in text and os.path.isfile(whole):
         return [whole]
-    return [os.path.expanduser(path.strip()) for path in text.split(",") if path.strip()]
+    files = [os.path.expanduser(path.strip()) for path in text.split(",") if path.strip()]
+    if all(os.path.exists(path) for path in files):
+        return files
+    pieces = text.split(",")
+    for i in range(len(pieces)):
+        for j in range(i + 2, len(pieces) + 1):  # two or more pieces, joined again at their commas
+            name = ",".join(pieces[i:j]).strip()
+            if os.path.exists(os.path.expanduser(name)):
+                raise ValueError(f"--input={text}: commas separate --input's files, and {name} has one in its "
+                                 "name: give it alone, or its folder with --dataset=FOLDER")
+    return files  # _existing_files names the one that is missing
 
 
 def _nonempty_documents(docs):

@@ -861,6 +861,11 @@ def test_input_names_a_file_with_a_comma_in_its_name(tmp_path, run_main):
     assert status == 0, err
     assert tokenizer_from_meta(load_meta(str(tmp_path / "char"))).decode(tokens(tmp_path / "char")) == \
         "to be or not to be"
+    status, _, err = run_main("--input=hamlet, act 1.txt,b.txt", "--out_dir=two", "--tokenizer=char", cwd=tmp_path)
+    assert_one_error_line(status, err, "--input=hamlet, act 1.txt,b.txt: commas separate --input's files, and "
+                                       "hamlet, act 1.txt has one in its name: give it alone, or its folder with "
+                                       "--dataset=FOLDER")
+    assert not (tmp_path / "two").exists()
 
 
 def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_main, datasets_cache):

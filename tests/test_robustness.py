@@ -1125,6 +1125,24 @@ def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+def test_under_torchrun_sigterm_before_training_still_ends_the_rank_at_once(monkeypatch):
+    """A rank that took torchrun's SIGTERM as an interrupt went on to the group's last barrier, where its peers,
+    compiling or in DDP's set-up, never came: the job hung until torchrun's SIGKILL. Under torchrun SIGTERM
+    keeps its default until training starts (where the ranks agree on it)."""
+    import train
+    before = signal.getsignal(signal.SIGTERM)
+    for torchrun, interrupts in ((False, True), (True, False)):
+        if torchrun:
+            monkeypatch.setenv("RANK", "1")
+        stop = train.StopRequest()
+        stop.watch()
+        try:
+            assert (signal.getsignal(signal.SIGTERM) is not before) == interrupts, torchrun
+        finally:
+            stop.release()
+        assert signal.getsignal(signal.SIGTERM) == before
+
+
 def test_the_default_corpus_is_prepared_however_its_folder_is_spelled(tmp_path):
     """--data_dir=data/shakespeare_char/ (a shell's completion adds the slash) is the default corpus's folder,
     prepared on a first run as the default is, not an own-data folder that was never prepared."""

@@ -510,6 +510,16 @@ def test_a_resume_says_how_to_keep_what_auto_chose_for_the_checkpoint(tmp_path, 
                  "checkpoint's)"]
         assert all((hint in note) == (out_dir == "a") for hint in hints), note
         assert f"dtype {other} -> {auto}" in note and "gradient_accumulation_steps 2 -> 1" in note, note
+    # a value that would not run here gets no flag: fp16 on a CPU, micro-batches that two ranks cannot share
+    checkpoint = load(tmp_path / "a" / "ckpt.pt")
+    checkpoint["config"]["dtype"] = "float16"  # as a GPU run saves it
+    save_checkpoint(checkpoint, tmp_path / "a" / "ckpt.pt")
+    train.main(tiny_config(data_dir, tmp_path / "a", **{**cfg, "max_iters": 4}, init_from="resume", dtype="auto"))
+    note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note:"))
+    assert f"dtype float16 -> {auto} since" in note or f"dtype float16 -> {auto}," in note, note
+    setup = train.Setup(0, 0, 2, True, False, 2, "cpu", torch.float32, chosen_here=train.RESOLVED_SETTINGS)
+    assert train.keepable_here(setup, {"dtype": "float32", "gradient_accumulation_steps": 1}) == ("dtype",)
+    assert train.keepable_here(setup, {"dtype": "float32", "gradient_accumulation_steps": 4}) == train.RESOLVED_SETTINGS
 
 
 def test_an_evaluation_records_the_clocks_seconds_not_the_last_agreed_ones(tmp_path, data_dir, monkeypatch):
@@ -1141,7 +1151,8 @@ def test_ctrl_c_before_training_is_one_line_and_nothing_is_written(tmp_path, dat
     else:
         monkeypatch.setattr(train, "load_data", interrupted)
     unlock = train.unlock_out_dir
-    monkeypatch.setattr(train, "unlock_out_dir", lambda out_dir: (os.kill(os.getpid(), signal.SIGTERM), unlock(out_dir)))
+    monkeypatch.setattr(train, "unlock_out_dir",
+                        lambda out_dir: (os.kill(os.getpid(), signal.SIGTERM), unlock(out_dir)))
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exit:
         train.main(tiny_config(data_dir, tmp_path / "out"))
