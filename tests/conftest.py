@@ -25,6 +25,12 @@ def pytest_xdist_auto_num_workers(config):
     return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), 8)
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that compile run first: with inductor's cache cold (a fresh clone, CI) they are the longest,
+    and one started last keeps a worker busy for half a minute while the other has nothing left to run."""
+    items.sort(key=lambda item: "compiles" not in item.keywords)  # a stable sort: the others keep their order
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """train.bin, val.bin and meta.json of helpers.TEXT, characters; one per test module."""
