@@ -1025,8 +1025,9 @@ def test_linears_packed_for_decoding_compute_what_the_model_does(dtype, monkeypa
     import sample
     monkeypatch.setattr(sample, "last_level_cache_bytes", lambda: 0)  # fp32 too, as for weights beyond the cache
     model = make_gpt("manual", std=0.3).to(dtype)
-    packed = copy.deepcopy(model)
+    packed, rng = copy.deepcopy(model), torch.get_rng_state()
     assert sample.pack_for_decoding(packed, dtype)
+    assert torch.equal(torch.get_rng_state(), rng), "packing drew from torch's generator, which sampling may use"
     assert {type(m).__name__ for m in packed.modules()} >= {"PackedLinear"} and \
         not any(type(m) is torch.nn.Linear for m in packed.modules())
     prompt = rand_tokens(2, 6)
