@@ -150,6 +150,12 @@ for line in sys.stdin:
 """
 
 
+# what the scripts import inside a function, at a cost each child would pay again: the loss picture's
+# matplotlib (~0.5 s), torch._dynamo (~0.3 s more; train.check_model_fits' meta-device model imports it),
+# GPT-2's weights and tokenizer
+LAZY_IMPORTS = ["matplotlib.pyplot", "torch._dynamo", "safetensors.torch", "tiktoken"]
+
+
 class ForkServer:
     """Runs `python SCRIPT ARGS` as a child forked from a server that has already imported torch and
     the other third-party modules the scripts use: a separate process, with its own exit status, stdout
@@ -157,8 +163,8 @@ class ForkServer:
 
     def __init__(self, tmp):
         self.tmp, self.n = tmp, 0
-        self.server = subprocess.Popen([sys.executable, "-c", FORK_SERVER, ROOT, "train", "sample"], cwd=ROOT,
-                                       env=ENV, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.server = subprocess.Popen([sys.executable, "-c", FORK_SERVER, ROOT, "train", "sample", *LAZY_IMPORTS],
+                                       cwd=ROOT, env=ENV, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def __call__(self, script, *args, timeout=300):
         self.n += 1
