@@ -317,6 +317,18 @@ def test_sample_bench_against_transformers_gives_its_greedy_tokens(launch, tmp_p
     assert not result["requirements"]["kv_cache_vs_transformers"]["applies"]  # stated for GPT-2 124M only
 
 
+def test_sample_bench_times_as_kv_cache_the_model_sample_py_decodes_and_the_plain_one_beside_it():
+    """kv_cache is the model as sample.py decodes it, in bf16 on a CPU its Linears packed; kv_cache_unpacked
+    keeps nn.Linear (the greedy test above: both write the same tokens). Swapped, bench/README's packing
+    ratios would read upside down."""
+    from bench.sample import SampleBench, build_paths
+    cfg = SampleBench(reference="transformers", n_layer=1, n_embd=32, n_head=2, block_size=64, dtype="bfloat16")
+    models, _, dtype = build_paths(cfg, torch.device("cpu"), "cpu")
+    linears = {path: {type(m).__name__ for m in models[path].modules() if "Linear" in type(m).__name__}
+               for path in ("kv_cache", "kv_cache_unpacked")}
+    assert dtype == torch.bfloat16 and linears == {"kv_cache": {"PackedLinear"}, "kv_cache_unpacked": {"Linear"}}
+
+
 def base_checkout(tmp_path, says):
     """Another checkout's code: here a copy whose train.py first runs the line `says`."""
     base = tmp_path / "base"

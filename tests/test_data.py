@@ -854,18 +854,24 @@ def test_cli_comma_separated_input(tmp_path, run_main):
         "to be or not to be\n" * 4 + "to be" + "<|endoftext|>" + "that is the question"
 
 
-def test_input_names_a_file_with_a_comma_in_its_name(tmp_path, run_main):
-    """--input=FILE where the file's name has a comma: that file, not two that do not exist."""
+def test_input_names_a_file_with_a_comma_in_its_name(tmp_path, run_main, monkeypatch):
+    """--input=FILE where the file's name has a comma: that file, not two that do not exist, here or in
+    the home folder (~/). Given with other files, it is one line that says to give it alone, whether the
+    others exist or not."""
     (tmp_path / "hamlet, act 1.txt").write_text("to be or not to be")
-    status, _, err = run_main("--input=hamlet, act 1.txt", "--out_dir=char", "--tokenizer=char", cwd=tmp_path)
-    assert status == 0, err
-    assert tokenizer_from_meta(load_meta(str(tmp_path / "char"))).decode(tokens(tmp_path / "char")) == \
-        "to be or not to be"
-    status, _, err = run_main("--input=hamlet, act 1.txt,b.txt", "--out_dir=two", "--tokenizer=char", cwd=tmp_path)
-    assert_one_error_line(status, err, "--input=hamlet, act 1.txt,b.txt: commas separate --input's files, and "
-                                       "hamlet, act 1.txt has one in its name: give it alone, or its folder with "
-                                       "--dataset=FOLDER")
-    assert not (tmp_path / "two").exists()
+    (tmp_path / "a.txt").write_text("to sleep")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, out in (("hamlet, act 1.txt", "char"), ("~/hamlet, act 1.txt", "home")):
+        status, _, err = run_main(f"--input={name}", f"--out_dir={out}", "--tokenizer=char", cwd=tmp_path)
+        assert status == 0, err
+        assert tokenizer_from_meta(load_meta(str(tmp_path / out))).decode(tokens(tmp_path / out)) == \
+            "to be or not to be"
+    for given in ("hamlet, act 1.txt,b.txt", "a.txt,hamlet, act 1.txt"):
+        status, _, err = run_main(f"--input={given}", "--out_dir=two", "--tokenizer=char", cwd=tmp_path)
+        assert_one_error_line(status, err, f"--input={given}: commas separate --input's files, and hamlet, act "
+                                           "1.txt has one in its name: give it alone, or its folder with "
+                                           "--dataset=FOLDER")
+        assert not (tmp_path / "two").exists()
 
 
 def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_main, datasets_cache):

@@ -1050,6 +1050,10 @@ def test_sample_py_packs_its_linears_only_where_that_pays_and_computes_the_same(
     assert sample.packing_pays(cpu, torch.bfloat16, 10) and sample.packing_pays(cpu, torch.float32, cache + 1)
     assert not sample.packing_pays(cpu, torch.float32, cache) and not sample.packing_pays(torch.device("cuda"),
                                                                                           torch.bfloat16, 10**9)
+    linear_bytes = sum(m.weight.nbytes for m in make_gpt("manual").modules() if type(m) is torch.nn.Linear)
+    for cache, packed in ((linear_bytes - 1, True), (linear_bytes, False)):  # every Linear's weights together
+        monkeypatch.setattr(sample, "last_level_cache_bytes", lambda: cache)
+        assert sample.pack_for_decoding(make_gpt("manual"), torch.float32) == packed, cache
     packs, pack = [], sample.pack_for_decoding
     monkeypatch.setattr(sample, "pack_for_decoding", lambda model, dtype: packs.append((dtype, pack(model, dtype))))
     monkeypatch.setattr(sample, "compile_and_warm_up", lambda model, ids, cfg: None)

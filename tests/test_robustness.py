@@ -1084,18 +1084,21 @@ train.main(train.config_from_argv(train.TrainConfig))
 """
 
 
-def test_ctrl_c_while_the_default_corpus_is_prepared_is_one_line(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_a_stop_while_the_default_corpus_is_prepared_is_one_line(tmp_path, sig):
+    """Ctrl-C, or SIGTERM (a scheduler's, `timeout`'s), during the first run's preparation: one line, and
+    the exit status names the signal that came (128 + it), as a shell or a scheduler reads it."""
     (tmp_path / "worker.py").write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + SLOW_PREPARATION)
     proc = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), "--device=cpu"], cwd=tmp_path, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = Lines(proc)
     try:
         lines.wait_for(r"^preparing$")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rc, _, stderr = lines.finish()
     finally:
         kill_quietly(proc)
-    assert rc == 128 + signal.SIGINT and "Traceback" not in stderr, stderr
+    assert rc == 128 + sig and "Traceback" not in stderr, stderr
     assert [line for line in stderr.splitlines() if line.strip()] == [
         "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 

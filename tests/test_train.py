@@ -1493,22 +1493,23 @@ def test_a_non_finite_loss_names_both_rates_and_a_dtype_only_where_it_helps(tmp_
 
 
 @pytest.mark.compiles
-def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time_as_eager_does(tmp_path, data_dir):
+def test_train_py_compiles_by_default_and_trains_the_same_weights_every_time_as_eager_does(tmp_path, data_dir, launch):
     """The real torch.compile on the default path (inductor, a C++ compiler): the run compiles, says so,
     and its loss falls. On two threads a second run of the seed ends with the same bits in every
     weight, as eager does: inductor's own kernel for the embedding's gradient adds into its rows from
     racing threads, and without train.py's deterministic mode no two runs agreed. (The second run
     compiles from inductor's cache on disk, in seconds.) And --compile=false trains the same weights
     but for rounding: the compiled model and Muon's compiled update compute what eager does (fp32, 30
-    steps: ~3e-6 apart here; a wrong mask or a Muon rate off by 1 % puts them ~1e-3 apart)."""
+    steps: ~3e-6 apart here; a wrong mask or a Muon rate off by 1 % puts them ~1e-3 apart). The eager run
+    comes from the fork server (torch.compile switched off there): a plain process would add nothing to it."""
     env_free = {k: v for k, v in ENV.items() if k != "TORCHDYNAMO_DISABLE"}
     weights = {}
     for run, compile in (("a", "true"), ("b", "true"), ("eager", "false")):
         out = tmp_path / run
-        proc = check_ok(subprocess.run([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}",
-                                        "--max_iters=30", "--log_interval=10", "--learning_rate=1e-2", "--batch_size=8",
-                                        "--block_size=16", "--threads=2", f"--compile={compile}"], cwd=ROOT,
-                                       env=env_free, capture_output=True, text=True, timeout=300))
+        args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=30", "--log_interval=10",
+                "--learning_rate=1e-2", "--batch_size=8", "--block_size=16", "--threads=2", f"--compile={compile}"]
+        proc = check_ok(launch("train.py", *args) if compile == "false" else subprocess.run(
+            [sys.executable, "train.py", *args], cwd=ROOT, env=env_free, capture_output=True, text=True, timeout=300))
         assert bool(re.search(r"^compiled in [0-9.]+ s$", proc.stdout, re.M)) == (compile == "true"), proc.stdout
         losses = [float(m[1]) for m in LOG_LINE.findall(proc.stdout)]
         assert len(losses) == 3 and losses[-1] < losses[0], proc.stdout
