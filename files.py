@@ -224,18 +224,30 @@ def silence(stream):
 class OutputThatMayClose:
     """A text stream (stdout) that may stop taking text: its reader leaves, as `python train.py |
     head -3` does (a BrokenPipeError), and what follows is dropped; or the file it goes to cannot grow
-    (a full disk), and what follows goes to stderr. Either way on_close(error) is called once."""
+    (a full disk), and what follows goes to stderr. Either way on_close(error) is called once. A
+    character its encoding lacks (a sample's, on a cp1252 or ASCII stdout) is written as an escape."""
 
     def __init__(self, stream, on_close):
-        self.stream, self.on_close, self.gone = stream, on_close, False
+        self.stream, self.on_close, self.gone, self.escaped = stream, on_close, False, False
 
     def write(self, text):
         if not self.gone:
             try:
                 return self.stream.write(text)
+            except UnicodeEncodeError:
+                return self.write(self.escape(text))
             except OSError as e:
                 self.closed(e)
         return len(text)
+
+    def escape(self, text):
+        """text with what the stream's encoding lacks as escapes (\\u2019), as Python writes them to stderr."""
+        encoding = self.stream.encoding
+        if not self.escaped:
+            self.escaped = True
+            print(f"note: stdout's encoding, {encoding}, lacks characters written here: they are written as escapes "
+                  "(\\u2019); PYTHONIOENCODING=utf-8 writes them as they are", file=sys.stderr)
+        return text.encode(encoding, "backslashreplace").decode(encoding)
 
     def flush(self):
         if not self.gone:

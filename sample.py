@@ -34,12 +34,13 @@ SAMPLE_NEW_TOKENS = 500  # tokens per sample when max_new_tokens is not given
 # tokens: GPT-2's page over a prompt and 128 tokens is a few MB (bench/attention_page.py)
 PAGE_NEW_TOKENS = 128
 # The settings each way of running leaves unread: samples, an .html attention page (which continues the
-# prompt once, with the cache, in float32) and a picture (the prompt's attention alone, in float32). One
-# given that the way chosen leaves unread gets a note, not silence.
+# prompt once, with the cache, in float32) and a picture (the prompt's attention alone, in float32, by the
+# hand-written path). One given that the way chosen leaves unread gets a note, not silence.
 UNREAD = {"samples": ("attention_layer", "attention_head"),
           "an attention page": ("num_samples", "use_kv_cache", "compile", "dtype"),
           "an attention picture": ("num_samples", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                                   "use_kv_cache", "compile", "dtype")}
+                                   "use_kv_cache", "compile", "dtype", "attention")}
+GREEDY_UNREAD = ("top_k", "top_p", "seed")  # temperature=0 takes the likeliest token: nothing is drawn
 
 
 @dataclass
@@ -83,32 +84,51 @@ class SampleConfig:
         check_threads(self.threads)
         check_at_least(self, 1, "num_samples")
 
+    def made(self):
+        """What this run makes: a key of UNREAD."""
+        return ("samples" if not self.attention_map else
+                "an attention page" if self.attention_map.lower().endswith(".html") else "an attention picture")
+
     def new_tokens(self):
-        """max_new_tokens, or where it is not given 500 per sample, or a page's line of at most PAGE_NEW_TOKENS."""
+        """max_new_tokens, or where it is not given 500 per sample, or a page's line of at most PAGE_NEW_TOKENS;
+        none for a picture."""
+        if self.made() == "an attention picture":
+            return 0
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return PAGE_NEW_TOKENS if self.attention_map.lower().endswith(".html") else SAMPLE_NEW_TOKENS
+        return PAGE_NEW_TOKENS if self.made() == "an attention page" else SAMPLE_NEW_TOKENS
+
+    def rows(self):
+        """Sequences run as one batch: num_samples, or for an attention map the prompt (and a page's line) once."""
+        return 1 if self.attention_map else self.num_samples
 
     def unread(self):
-        """What this run makes (a key of UNREAD), and the settings given that it does not read."""
-        made = ("samples" if not self.attention_map else
-                "an attention page" if self.attention_map.lower().endswith(".html") else "an attention picture")
-        defaults = type(self)()
-        return made, [name for name in UNREAD[made] if getattr(self, name) != getattr(defaults, name)]
+        """The settings given that this run does not read, in groups, each with what leaves it unread: UNREAD's
+        for what the run makes, out_dir where GPT-2 weights are read, the sampling options at temperature=0."""
+        made, defaults = self.made(), type(self)()
+        groups = [(UNREAD[made], f"for {made}"),
+                  (("out_dir",) if self.init_from != "resume" else (), f"with --init_from={self.init_from}"),
+                  (GREEDY_UNREAD if self.temperature == 0 and "temperature" not in UNREAD[made] else (),
+                   "at --temperature=0")]
+        given = [([name for name in names if getattr(self, name) != getattr(defaults, name)], why)
+                 for names, why in groups]
+        return [(names, why) for names, why in given if names]
 
     def backend(self):
-        """The attention backend to run the model with: --attention, else for an attention map the
-        hand-written path, which the map's numbers come from anyway and which runs in float32 (the
-        map's precision) where a fused kernel may need half precision; else None, the model's own."""
+        """The attention backend to run the model with: --attention, else for an attention page the
+        hand-written path, which the page's numbers come from anyway and which runs in float32 (the
+        page's precision) where a fused kernel may need half precision; else None, the model's own. A
+        picture's weights come from the hand-written path alone, whatever is given."""
+        if self.made() == "an attention picture":
+            return "manual"
         return self.attention or ("manual" if self.attention_map else None)
 
 
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
-    made, unread = cfg.unread()
-    if unread:
-        print(f"note: {', '.join(f'--{name}' for name in unread)} {'is' if len(unread) == 1 else 'are'} not used for "
-              f"{made}", file=sys.stderr)
+    for names, why in cfg.unread():
+        print(f"note: {', '.join(f'--{name}' for name in names)} {'is' if len(names) == 1 else 'are'} not used {why}",
+              file=sys.stderr)
     try:
         check_stdout()
         device = pick_device(cfg.device)
@@ -148,8 +168,8 @@ def main(cfg):
     except (RuntimeError, MemoryError) as e:  # check_fits judged by the machine's memory; a limit can be lower
         if not ran_out_of_memory(e):
             raise
-        fail(f"out of memory with {cfg.num_samples} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
-             "ask for fewer --num_samples or --max_new_tokens", status=1)
+        fail(f"out of memory with {cfg.rows()} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
+             f"{smaller_run(cfg)}", status=1)
     except OSError as e:  # writing the map (samples go to stdout, whose reader leaving is a stop)
         if not cfg.attention_map:
             raise
@@ -189,15 +209,22 @@ def read_prompt(start):
 
 
 def check_fits(model, cfg, n_prompt, device, dtype):
-    """ValueError if the batch cannot be held: the tokens of every sample, and their KV cache (two
-    tensors per layer of num_samples x block_size x n_embd), against the device's memory."""
-    c, new = model.config, cfg.new_tokens()
-    needed = cfg.num_samples * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
+    """ValueError if the batch cannot be held: the tokens of every row, and their KV cache (two
+    tensors per layer of rows x block_size x n_embd), against the device's memory."""
+    c, new, rows = model.config, cfg.new_tokens(), cfg.rows()
+    needed = rows * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
     memory = memory_bytes(device)
     if memory is not None and needed > memory:
-        raise ValueError(f"num_samples={cfg.num_samples} x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB "
-                         f"for their tokens and KV cache; this {device_type_of(device)} has {memory / 2**30:,.0f} GiB: "
-                         "ask for fewer --num_samples or --max_new_tokens")
+        raise ValueError(f"{rows} sample(s) x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB for their "
+                         f"tokens and KV cache; this {device_type_of(device)} has {memory / 2**30:,.0f} GiB: "
+                         f"{smaller_run(cfg)}")
+
+
+def smaller_run(cfg):
+    """What shrinks this run's memory: an attention map runs one sequence, a picture the prompt alone."""
+    return {"samples": "ask for fewer --num_samples or --max_new_tokens",
+            "an attention page": "ask for fewer --max_new_tokens", "an attention picture": "give a shorter prompt"}[
+        cfg.made()]
 
 
 # At one token per forward every matmul is a matrix-vector product, whose time is the time to read the

@@ -7,7 +7,7 @@ Generation speed: tokens/s of model.generate, batch 1, side by side with a refer
     kv_cache   model.generate: each new token runs through the model alone, against cached keys and values,
                its Linears packed for oneDNN where sample.py packs them (sample.pack_for_decoding; then
                kv_cache_unpacked times the same without)
-    no_cache   model.generate(use_kv_cache=False): the whole window again for every token
+    no_cache   model.generate(use_kv_cache=False): the whole window again for every token (kv_cache's model)
     nanogpt    nanoGPT's generate loop (crop the context to block_size, a full forward per token,
                append with torch.cat) on the same-sized model with nanoGPT's choices (learned positions,
                PyTorch's SDPA attention, the exact GELU)
@@ -36,7 +36,7 @@ short warm-up of each; each sample is one whole generate call with a fresh gener
 seed, and the median is reported. The cache path refills the cache once per half block when the
 window moves (model.stream).
 Sanity check, greedy (temperature 0): model.generate gives the same tokens with and without the cache,
-and the same tokens as transformers in the same dtype.
+packed and unpacked, and the same tokens as transformers in the same dtype.
 Profile (--profile=N): torch.profiler over N new tokens of each path. Per token: the PyTorch ops called
 from Python (top-level ops; the ops they call inside are counted in their time), the time spent inside
 them, and the rest of the wall time (Python, the loop, the profiler's own cost per op). When a token
@@ -347,7 +347,10 @@ def main(cfg):
     ratios = {f"{mine}_vs_{path}": results[mine]["tokens_per_s"] / results[path]["tokens_per_s"]
               for mine in ours for path in paths if path not in OURS}
     same_as = "no_cache" if cfg.reference == "nanogpt" else "transformers"
-    checks = [greedy_check(cfg, generate, mine, same_as) for mine in ours]
+    # no_cache runs kv_cache's model: the packed model is checked against the plain one too
+    pairs = [(mine, same_as) for mine in ours] + ([("kv_cache", "kv_cache_unpacked")] if "kv_cache_unpacked" in paths
+                                                  else [])
+    checks = [greedy_check(cfg, generate, mine, other) for mine, other in pairs]
     same, first_diff = all(ok for ok, _ in checks), next((d for ok, d in checks if not ok), None)
 
     print()
@@ -362,12 +365,13 @@ def main(cfg):
               f"{results['kv_cache_compiled']['warmup_s']:.1f} s (the first run on a machine compiles longest)")
     requirements = check_requirements(c, cfg, device_type, ratios)
     profiles = profile_paths(cfg, generate, paths, device) if cfg.profile else None
-    print(f"greedy (temperature 0) tokens of {' and '.join(ours)} identical to {same_as}'s: {'yes' if same else 'NO'}"
-          + ("" if same else f" (first difference at new token {first_diff})"))
+    print("greedy (temperature 0) tokens identical: " + "; ".join(f"{mine} and {other}" for mine, other in pairs)
+          + f": {'yes' if same else 'NO'}" + ("" if same else f" (first difference at new token {first_diff})"))
     write_json(out, {"benchmark": "sample", "machine": info, "config": asdict(cfg), "model": asdict(c),
                      "source": source, "dtype": dtype_name(dtype), "results": results,
                      "ratios": ratios, "requirements": requirements, "profile": profiles,
-                     "greedy_identical": same, "greedy_compared_with": same_as, "greedy_first_difference": first_diff})
+                     "greedy_identical": same, "greedy_compared_with": same_as, "greedy_pairs": pairs,
+                     "greedy_first_difference": first_diff})
     if not same:
         sys.exit(1)
 

@@ -329,6 +329,29 @@ def test_sample_bench_times_as_kv_cache_the_model_sample_py_decodes_and_the_plai
     assert dtype == torch.bfloat16 and linears == {"kv_cache": {"PackedLinear"}, "kv_cache_unpacked": {"Linear"}}
 
 
+def test_sample_bench_fails_where_the_packed_model_writes_other_tokens_than_the_plain_one(tmp_path, monkeypatch):
+    """Against nanoGPT, no_cache runs kv_cache's model, packed alike, so the greedy check compares the packed
+    model with the plain one too: a packed Linear that computes otherwise past pack_for_decoding's own check
+    of the first one (here: its outputs reversed) fails the run."""
+    import bench.sample as bench_sample
+    import sample
+    pack, forward = sample.pack_for_decoding, sample.PackedLinear.forward
+
+    def pack_then_break(model, dtype):
+        packed = pack(model, dtype)
+        monkeypatch.setattr(sample.PackedLinear, "forward", lambda self, x: forward(self, x).flip(-1))
+        return packed
+
+    monkeypatch.setattr(bench_sample, "pack_for_decoding", pack_then_break)
+    with pytest.raises(SystemExit) as exit:
+        bench_sample.main(bench_sample.SampleBench(n_layer=1, n_head=2, n_embd=32, max_new_tokens=20, repeats=1,
+                                                   warmup_tokens=2, dtype="bfloat16", threads=1, device="cpu",
+                                                   out=str(tmp_path / "s.json")))
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert exit.value.code == 1 and result["greedy_identical"] is False
+    assert result["greedy_pairs"] == [["kv_cache", "no_cache"], ["kv_cache", "kv_cache_unpacked"]]
+
+
 def base_checkout(tmp_path, says):
     """Another checkout's code: here a copy whose train.py first runs the line `says`."""
     base = tmp_path / "base"

@@ -956,7 +956,8 @@ def test_sample_py_samples_with_the_top_k_and_top_p_it_is_given(launch, sampling
 def test_an_attention_map_runs_a_flash_checkpoint_by_the_hand_written_path(sampling_out_dir, tmp_path):
     """Both GPU configs train with attention="flash", which on CUDA needs half precision; a map runs in
     float32, so sample.py runs it by the hand-written path, which the map's numbers come from anyway.
-    Sampling keeps the checkpoint's backend, and --attention still chooses."""
+    Sampling keeps the checkpoint's backend, and --attention still chooses, for a page's continuation too; a
+    picture's weights come from the hand-written path alone, which it runs whatever --attention says."""
     import sample
     checkpoint = load_checkpoint(str(sampling_out_dir / "ckpt.pt"))
     checkpoint["model_config"]["attention"] = "flash"
@@ -971,7 +972,8 @@ def test_an_attention_map_runs_a_flash_checkpoint_by_the_hand_written_path(sampl
     with pytest.raises(ValueError, match="needs float16 or bfloat16"):
         check_backend("flash", "cuda", torch.float32)
     assert backend() == "flash"
-    assert backend(attention_map=str(tmp_path / "attn.png"), attention="sdpa") == "sdpa"
+    assert backend(attention_map=str(tmp_path / "attn.html"), attention="sdpa") == "sdpa"
+    assert backend(attention_map=str(tmp_path / "attn.png"), attention="sdpa") == "manual"
 
 
 @pytest.mark.parametrize("num_samples, use_kv_cache", [(3, True), (3, False), (1, True)])

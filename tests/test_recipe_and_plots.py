@@ -326,6 +326,24 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
                                                   "--attention_head from 0 to 1\n"), bad.stderr
 
 
+def test_greedy_sampling_and_attention_maps_name_what_they_leave_unread_and_hold_only_what_they_run(tmp_path, launch):
+    """--temperature=0 draws nothing: --top_k, --top_p and --seed get a note. An attention map runs one
+    sequence (a picture: the prompt alone), so --num_samples and --max_new_tokens it does not read cannot
+    make its memory check refuse it (100,000,000 samples, or 10^11 new tokens, were refused)."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    prepare_char(TEXT, str(data))
+    assert launch("train.py", *TINY, "--max_seconds=0", f"--data_dir={data}", f"--out_dir={out}", "--max_iters=2",
+                  "--eval_interval=2").returncode == 0
+    greedy = launch("sample.py", f"--out_dir={out}", "--temperature=0", "--top_k=3", "--seed=5", "--max_new_tokens=3")
+    assert greedy.returncode == 0 and greedy.stderr == "note: --top_k, --seed are not used at --temperature=0\n"
+    page = launch("sample.py", f"--out_dir={out}", "--start=ROMEO", f"--attention_map={tmp_path / 'a.html'}",
+                  "--num_samples=100000000", "--max_new_tokens=5")
+    assert page.returncode == 0 and page.stderr == "note: --num_samples is not used for an attention page\n"
+    picture = launch("sample.py", f"--out_dir={out}", "--start=ROMEO", f"--attention_map={tmp_path / 'a.png'}",
+                     f"--max_new_tokens={10**11}")
+    assert picture.returncode == 0 and picture.stderr == "note: --max_new_tokens is not used for an attention picture\n"
+
+
 def test_sample_draws_the_layer_and_head_it_is_asked_for_from_the_models_own_weights(monkeypatch):
     """The picture's large panel is the layer and head sample.py was given (neither swapped nor left at 0),
     and its maps are the model's weights over the prompt's tokens."""
@@ -361,9 +379,12 @@ def test_attention_map_from_gpt2_weights(tmp_path, launch):
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64)).save_pretrained(tmp_path / "gpt2")
     png = tmp_path / "attn.png"
     proc = launch("sample.py", f"--init_from={tmp_path / 'gpt2'}", "--start=Hello world, said the model.",
-                  f"--attention_map={png}", "--device=cpu")
+                  f"--attention_map={png}", "--device=cpu", f"--out_dir={tmp_path}", "--attention=fa2")
     assert proc.returncode == 0, proc.stderr
     assert "2 layers x 2 heads over 7 tokens" in proc.stdout  # GPT-2 BPE tokens, labelled one by one
+    # a picture's weights come from the hand-written path whatever --attention says (fa2 cannot run here)
+    assert proc.stderr == (f"note: --attention is not used for an attention picture\nnote: --out_dir is not used "
+                           f"with --init_from={tmp_path / 'gpt2'}\n")
     assert_picture(png, (1000, 500))
 
 

@@ -833,6 +833,26 @@ def test_the_log_goes_down_a_pipe_line_by_line(tmp_path, data_dir):
         kill_quietly(proc)
 
 
+def test_a_character_stdout_cannot_encode_is_written_as_an_escape(tmp_path, launch, monkeypatch, capsys):
+    """A character of a sample that stdout's encoding lacks (cp1252, a file's on Windows; ASCII under a C
+    locale): an escape and one note saying how to write it as it is, not a traceback mid-sample."""
+    import io
+
+    import sample
+    data, out = tmp_path / "data", tmp_path / "out"
+    prepare_char(TEXT + "\u03bb", str(data))
+    assert launch("train.py", *TINY, f"--data_dir={data}", f"--out_dir={out}", "--max_iters=2",
+                  "--eval_interval=2").returncode == 0
+    written = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(written, encoding="cp1252", write_through=True))
+    sample.main(sample.SampleConfig(out_dir=str(out), start="Speak \u03bb", max_new_tokens=20, device="cpu"))
+    samples = written.getvalue().decode("cp1252").split("---------------\n")
+    assert [s[:len("Speak \\u03bb")] for s in samples] == ["Speak \\u03bb"] * 2 + [""], samples
+    assert capsys.readouterr().err == ("note: stdout's encoding, cp1252, lacks characters written here: they are "
+                                       "written as escapes (\\u2019); PYTHONIOENCODING=utf-8 writes them as they "
+                                       "are\n")
+
+
 def test_a_reader_of_stdout_that_leaves_stops_the_run_after_a_save(tmp_path, data_dir):
     """python train.py | head -1: once the reader has gone, the run stops as on a signal (SIGPIPE),
     saves, and exits 128 + SIGPIPE, as a Unix tool does; no BrokenPipeError."""
