@@ -126,9 +126,6 @@ class SampleConfig:
 
 def main(cfg):
     """Load the model and its tokenizer, read the prompt, then draw its attention or stream samples."""
-    for names, why in cfg.unread():
-        print(f"note: {', '.join(f'--{name}' for name in names)} {'is' if len(names) == 1 else 'are'} not used {why}",
-              file=sys.stderr)
     try:
         check_stdout()
         device = pick_device(cfg.device)
@@ -152,6 +149,9 @@ def main(cfg):
         fail(e)
     except KeyboardInterrupt:  # while the weights or the tokenizer load: nothing was written yet
         fail("stopped by Ctrl-C", status=128 + signal.SIGINT)
+    for names, why in cfg.unread():  # once the input has passed its checks: bad input is one line
+        print(f"note: {', '.join(f'--{name}' for name in names)} {'is' if len(names) == 1 else 'are'} not used {why}",
+              file=sys.stderr)
     try:
         # the weights themselves in dtype, not autocast: a token then reads each weight once, in half the
         # bytes in bf16, where autocast would cast every fp32 weight again for every token
@@ -215,9 +215,10 @@ def check_fits(model, cfg, n_prompt, device, dtype):
     needed = rows * ((n_prompt + new) * 8 + 2 * c.n_layer * c.block_size * c.n_embd * dtype.itemsize)
     memory = memory_bytes(device)
     if memory is not None and needed > memory:
-        raise ValueError(f"{rows} sample(s) x {n_prompt + new:,} tokens need ~{needed / 2**30:,.0f} GiB for their "
-                         f"tokens and KV cache; this {device_type_of(device)} has {memory / 2**30:,.0f} GiB: "
-                         f"{smaller_run(cfg)}")
+        tokens = f"{n_prompt + new:,} tokens"
+        asked = tokens if cfg.attention_map else f"num_samples={rows} x {tokens}"
+        raise ValueError(f"{asked} need ~{needed / 2**30:,.0f} GiB for their tokens and KV cache; this "
+                         f"{device_type_of(device)} has {memory / 2**30:,.0f} GiB: {smaller_run(cfg)}")
 
 
 def smaller_run(cfg):
