@@ -172,8 +172,11 @@ def check_model_settings(cfg):
         try:
             model_config(cfg, cfg.vocab_size or 1, n_embd=n_embd)
         except ValueError as e:
+            if cfg.n_embd or cfg.n_head < 1:  # not the widths' doing: the model's own words
+                raise
             heads = [n_head for n_head in range(1, min(MACHINE_WIDTHS) + 1) if fits_every_width(cfg, n_head)]
-            if cfg.n_embd or not heads or cfg.n_head < 1:  # not the widths' doing: the model's own words
+            if not heads:  # no n_head fits: another setting is wrong (dropout=1.5, say), which one head's check names
+                model_config(cfg, cfg.vocab_size or 1, n_embd=n_embd, n_head=1)
                 raise
             wide, narrow = MACHINE_WIDTHS
             raise ValueError(f"n_head={cfg.n_head} does not fit every width n_embd=0 may mean ({wide}, or {narrow} on "

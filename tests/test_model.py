@@ -7,7 +7,8 @@ import re
 import shutil
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import asdict, fields
+from typing import get_args
 
 import pytest
 import torch
@@ -1084,12 +1085,12 @@ def test_every_backend_that_runs_on_a_cpu_is_tested_here():
     assert set(CPU_BACKENDS) == backends_that_run_on_a_cpu()
 
 
-@pytest.mark.parametrize("field, typo, choices", [("attention", "flash3", "manual, sdpa, flash, fa2, fa3"),
-                                                  ("norm", "RMSNorm", "layernorm, rmsnorm"),
-                                                  ("pos_embedding", "alibi", "learned, rope"),
-                                                  ("activation", "silu", "gelu_tanh, gelu, relu2")])
-def test_config_rejects_a_choice_it_does_not_have_listing_the_choices(field, typo, choices):
-    """The model branches on these names; an unknown one would quietly build another branch's model."""
+@pytest.mark.parametrize("field, typo", [("attention", "flash3"), ("norm", "RMSNorm"), ("pos_embedding", "alibi"),
+                                         ("activation", "silu")])
+def test_config_rejects_a_choice_it_does_not_have_listing_the_choices(field, typo):
+    """The model branches on these names; an unknown one would quietly build another branch's model. The
+    choices listed are the Literal's, so a fork's new choice is listed without an edit here."""
+    choices = ", ".join(get_args(next(f.type for f in fields(GPTConfig) if f.name == field)))
     with pytest.raises(ValueError, match=f"unknown {field} '{typo}'; choose one of {choices}$"):
         GPTConfig(**{field: typo})
 

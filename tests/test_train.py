@@ -1063,6 +1063,8 @@ def test_the_default_width_is_the_machines_and_the_checkpoint_records_it(tmp_pat
         assert train.with_machine_width(tiny_config(data_dir, out, n_embd=0), "cuda").n_embd == wide
     with pytest.raises(ValueError, match=r"^n_head must be at least 1, got 0$"):  # no width's doing
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=0)
+    with pytest.raises(ValueError, match=r"^dropout must be in \[0, 1\), got 1.5$"):  # no n_head fits: dropout's error
+        tiny_config(data_dir, tmp_path, n_embd=0, n_head=3, dropout=1.5)
     with pytest.raises(ValueError, match=f"at {wide}, n_embd={wide} must be divisible by n_head=3") as refused:
         tiny_config(data_dir, tmp_path, n_embd=0, n_head=3)  # 96 would fit, 128 does not
     # the n_head it lists are those that n_embd=0 takes (with rope: an even head size at both widths)
