@@ -173,7 +173,8 @@ def agreements(schedule, seconds_per_iter, until_seconds):
 def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
     """At a steady 1 ms a step the gap between agreements doubles from one step to AGREE_SECONDS'
     worth; a step that turns 10x slower stretches one gap, and the next is short again; with
-    max_seconds the last agreement lands just past it."""
+    max_seconds the last agreement lands just past it, and, when the pace turns 4x slower a second before
+    it, less than a second past it (gaps of the whole time left, not half, ended 2.5 s past)."""
     found = agreements(AgreementSchedule(0), lambda i: 1e-3 if i < 5000 else 1e-2, until_seconds=40)
     gaps = [b[0] - a[0] for a, b in zip(found, found[1:])]
     steady = int(AGREE_SECONDS / 1e-3)
@@ -186,6 +187,8 @@ def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
     assert max(seconds[stretched + 1:]) <= AGREE_SECONDS * 1.01
     last = agreements(AgreementSchedule(max_seconds=7.0), lambda i: 1e-3, until_seconds=7.0)[-1]
     assert 7.0 <= last[1] < 7.0 + 0.01
+    last = agreements(AgreementSchedule(max_seconds=7.0), lambda i: 1e-3 if i < 6000 else 4e-3, until_seconds=7.0)[-1]
+    assert 7.0 <= last[1] < 8.0
 
 
 def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(monkeypatch, capsys):

@@ -1205,6 +1205,23 @@ def test_unwritable_metrics_and_picture_warn_once_and_training_goes_on(tmp_path,
     assert re.search(r"^iter 4: loss", proc.stdout, re.M) and load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 4
 
 
+def test_a_lock_left_by_a_killed_run_names_the_run_that_holds_it_now(tmp_path):
+    """A SIGKILLed run leaves its .lock (the kernel drops the flock, not the file); the next run takes it and
+    writes its own host and pid over it: a longer one left behind ran into the message ("process 26145onger-")."""
+    import socket
+
+    from checkpoint import lock_out_dir, unlock_out_dir
+    (tmp_path / ".lock").write_text("a-much-longer-hostname-of-a-killed-run 4194301")
+    lock_out_dir(str(tmp_path))
+    try:
+        with pytest.raises(ValueError) as refused:
+            lock_out_dir(str(tmp_path))  # a second run's try: flock refuses another open file, this process's too
+    finally:
+        unlock_out_dir(str(tmp_path))
+    assert str(refused.value).startswith(f"{tmp_path} is in use by process {os.getpid()} on {socket.gethostname()} "
+                                         f"(see {tmp_path / '.lock'});"), refused.value
+
+
 def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
     """A second run on an out_dir in use stops with one line naming the first; once the first has
     ended the out_dir is free again, and a lock left by a killed run is taken over."""
@@ -1758,6 +1775,36 @@ def a_training_log(tmp_path, monkeypatch, peak=None):
                         device="cpu", dtype=torch.float32)
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16))
     return log.TrainingLog(TrainConfig(out_dir=str(tmp_path), batch_size=2, block_size=8), setup, model)
+
+
+def test_a_log_line_gives_the_speed_and_mfu_of_the_steps_since_the_last_one(tmp_path, monkeypatch, capsys):
+    """ms/iter: the time since the last line over the iterations since it (10 iterations in 0.5 s after
+    iteration 100: 50 ms, not 0.5 s over 110); tokens/s and MFU from it; a step faster than the peak (a probe
+    made in a busy moment) raises the peak, so MFU never passes 100 %. Under torchrun a rank's MFU counts its
+    share of an iteration's FLOPs: two ranks of one micro-batch each count what one process of one does."""
+    import log
+    import train
+    training_log = a_training_log(tmp_path, monkeypatch)
+    flops_per_s = training_log.flops_per_iter / 0.05  # at 50 ms an iteration
+    training_log.peak = 4 * flops_per_s
+    monkeypatch.setattr(log, "peak_flops", lambda device_type, dtype, reached=0: (max(reached, 4 * flops_per_s), ""))
+    now = [1000.0]
+    monkeypatch.setattr(log.time, "time", lambda: now[0])
+    training_log.open(100, "r1")
+    for seconds in (0.5, 0.0625):  # 50 ms an iteration, then 6.25: twice the peak's speed
+        for _ in range(10):
+            training_log.add_loss(torch.tensor(2.0))
+        now[0] += seconds
+        training_log.print_progress(110 if seconds == 0.5 else 120, 1e-3, 1.0)
+    training_log.close()
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "iter 110: loss 2.0000, lr 1.00e-03, 50.0 ms/iter, 320 tokens/s, MFU 25.0%",
+        "iter 120: loss 2.0000, lr 1.00e-03, 6.2 ms/iter, 2,560 tokens/s, MFU 100.0%"]
+    two_ranks = train.Setup(rank=1, local_rank=1, world_size=2, distributed=True, fsdp=False, accumulation_steps=2,
+                            device="cpu", dtype=torch.float32)
+    rank = log.TrainingLog(TrainConfig(out_dir=str(tmp_path), batch_size=2, block_size=8), two_ranks,
+                           GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=2, n_embd=16)))
+    assert rank.tokens_per_iter == 2 * training_log.tokens_per_iter and rank.flops_per_iter == training_log.flops_per_iter
 
 
 def test_without_a_peak_the_log_says_no_mfu_and_records_null(tmp_path, monkeypatch, capsys):

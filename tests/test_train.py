@@ -415,12 +415,19 @@ def test_a_resumed_run_names_every_setting_that_changes_its_training(tmp_path, d
     assert "note:" not in capsys.readouterr().out, "gradient_accumulation_steps=0 meant 1 in the first run"
     neutral = dict(seed=7, log_interval=1, eval_iters=2, threads=1, eval_interval=3)
     assert set(neutral) <= set(NEUTRAL_SETTINGS)
-    train.main(tiny_config(data_dir, tmp_path, **{**cfg, **neutral}, init_from="resume", grad_clip=0.5, batch_size=3,
-                           gradient_accumulation_steps=2, dropout=0.1, dtype="bfloat16"))
-    note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note:"))
-    for change in ("grad_clip 1.0 -> 0.5", "batch_size 2 -> 3", "gradient_accumulation_steps 1 -> 2",
-                   "dropout 0.0 -> 0.1", "dtype float32 -> bfloat16"):
-        assert change in note, note
+    changes = dict(grad_clip=0.5, batch_size=3, gradient_accumulation_steps=2, dropout=0.1, dtype="bfloat16",
+                   learning_rate=1e-3, muon_lr=0.01, max_iters=5, weight_decay=0.05, beta1=0.8, beta2=0.95,
+                   warmup_iters=1, min_lr=1e-4)
+    # other tokens, an optimizer's state, and where the decay ends (here at max_iters): the tests below
+    elsewhere = ("data_dir", "optimizer", "max_seconds", "lr_decay_iters")
+    model_settings = {f.name for f in dataclasses.fields(GPTConfig)}  # a fork's new one is no edit here
+    assert (set(changes) | set(elsewhere)) - model_settings == {f.name for f in dataclasses.fields(
+        train.TrainConfig)} - model_settings - set(NEUTRAL_SETTINGS), "a training setting this test leaves out"
+    first = {**dataclasses.asdict(tiny_config(data_dir, tmp_path, **cfg)), "gradient_accumulation_steps": 1}
+    train.main(tiny_config(data_dir, tmp_path, **{**cfg, **neutral, **changes}, init_from="resume"))
+    note = next(line for line in capsys.readouterr().out.splitlines() if "since the checkpoint" in line)
+    for name, value in changes.items():
+        assert f"{name} {first[name]} -> {value}" in note, (name, note)
     assert not any(f"{name} " in note for name in neutral), note
 
 
@@ -1586,13 +1593,15 @@ def test_toml_int_is_accepted_for_float(tmp_path, TrainConfig):
 
 
 @pytest.mark.parametrize("text, expected", [("true", True), ("false", False), ("True", True), ("FALSE", False),
-                                            ("1", True), ("0", False)])
+                                            ("1", True), ("0", False), ("yes", True), ("no", False), ("On", True),
+                                            ("off", False)])
 def test_bool_flags(TrainConfig, text, expected):
     assert load_config(TrainConfig, [f"--compile={text}"]).compile is expected
 
 
 def test_optional_none(SampleConfig, tmp_path):
     assert load_config(SampleConfig, ["--top_k=none"]).top_k is None
+    assert load_config(SampleConfig, ["--top_k="]).top_k is None  # an empty value, as a shell variable left unset gives
     # TOML has no null: there too "none" is None, and a wrong value says that none is a choice
     assert load_config(SampleConfig, [toml(tmp_path, 'top_k = "none"\nattention = "none"\n')]).top_k is None
     with pytest.raises(ConfigError, match=r"cfg\.toml: top_k must be int or none, got 'many'$"):
