@@ -305,18 +305,19 @@ def test_a_flipped_bit_in_a_checkpoint_s_zip_directory_is_refused_not_a_tracebac
 def test_a_token_file_damaged_since_it_was_prepared_is_one_line_not_a_traceback(tmp_path, launch):
     """train.bin rewritten with ids past the vocabulary, its length and meta.json as prepared: the checks at
     start pass (they read meta.json's record), and the model's embedding failed on a batch, a traceback on
-    every rank (on a GPU, an unrecoverable device fault). The batch is checked before the model gets it."""
+    every rank (on a GPU, an unrecoverable device fault). The batch is checked before the model gets it: here
+    with the first id past the vocabulary, vocab_size itself."""
     import numpy as np
     prepare_char(TEXT, str(tmp_path / "data"))
     path = tmp_path / "data" / "train.bin"
-    tokens = np.fromfile(path, dtype=np.uint16)
-    tokens[::5] = 65535
-    tokens.tofile(path)
     vocab = json.loads((tmp_path / "data" / "meta.json").read_text())["vocab_size"]
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[::5] = vocab
+    tokens.tofile(path)
     proc = launch("train.py", *TINY, f"--data_dir={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}",
                   "--max_iters=3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines() == [f"error: {path} holds token id 65535, outside the model's "
+    assert proc.stderr.splitlines() == [f"error: {path} holds token id {vocab}, outside the model's "
                                         f"vocabulary of {vocab}: "
                                         "it changed since it was prepared; prepare the data again"], proc.stderr
 

@@ -857,6 +857,50 @@ def tiny_config(data_dir, out_dir, **overrides):
                                  out_dir=str(out_dir)), **overrides})
 
 
+def test_a_resumed_run_on_the_clock_steps_at_the_rate_of_the_seconds_it_has_trained(tmp_path, data_dir, monkeypatch):
+    """Under max_seconds the rates follow the seconds trained: a resumed run's first step takes the rate of
+    the checkpoint's seconds, not of 0 s (the peak: ~13x too high, 90 s into 100)."""
+    import train
+    from checkpoint import save_checkpoint
+    cfg = dict(compile=False, warmup_iters=2, max_seconds=100.0, eval_interval=1000)
+    train.main(tiny_config(data_dir, tmp_path, **cfg, max_iters=4))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    checkpoint["trained_seconds"] = 90.0  # as if 90 s of the 100 were trained
+    save_checkpoint(checkpoint, str(tmp_path / "ckpt.pt"))
+    seen, real = [], train.lr_multiplier
+    monkeypatch.setattr(train, "lr_multiplier", lambda cfg, it, elapsed: seen.append(elapsed) or real(cfg, it, elapsed))
+    train.main(tiny_config(data_dir, tmp_path, **cfg, max_iters=5, init_from="resume"))
+    assert len(seen) == 1 and 90.0 <= seen[0] < 95.0, seen
+
+
+def test_evaluations_and_saves_are_not_training_time(tmp_path, data_dir, monkeypatch):
+    """The clock stops while a run evaluates and saves: under max_seconds they neither eat the budget nor
+    move the decay (here each evaluation takes a second; the four steps, milliseconds)."""
+    import train
+    real = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *args: time.sleep(1.0) or real(*args))
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, eval_interval=2))
+    assert load(tmp_path / "ckpt.pt")["trained_seconds"] < 1.0
+
+
+def test_a_non_finite_loss_between_log_lines_stops_the_run_at_an_evaluation_before_it_saves(tmp_path, data_dir,
+                                                                                          monkeypatch, capsys):
+    """A NaN loss with no log line since (log_interval 50) and an evaluation next: the run stops there, naming
+    the iteration, rather than saving the diverged weights and training on."""
+    import train
+    real = train.train_step
+
+    def nan_at_the_second_step(state, *args):
+        loss = real(state, *args)
+        return torch.full_like(loss, float("nan")) if state.iter_num == 1 else loss
+
+    monkeypatch.setattr(train, "train_step", nan_at_the_second_step)
+    with pytest.raises(SystemExit) as exit:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, eval_interval=2, log_interval=50))
+    assert exit.value.code == 1 and "error: the loss became nan at iteration 2;" in capsys.readouterr().err
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
 def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_default(tmp_path, data_dir, monkeypatch):
     """Every group of both optimizers steps at its peak rate times the schedule: a linear warm-up, then a
     cosine from the peak down to min_lr/learning_rate at max_iters (lr_decay_iters=0)."""
