@@ -901,6 +901,34 @@ def test_a_non_finite_loss_between_log_lines_stops_the_run_at_an_evaluation_befo
     assert not (tmp_path / "ckpt.pt").exists()
 
 
+def test_a_stop_whose_evaluation_cannot_save_says_so_once_and_does_not_promise_another_try(tmp_path, data_dir,
+                                                                                           monkeypatch, capsys):
+    """Ctrl-C during the step that ends at an evaluation, on a full disk: that evaluation's save is the stop's
+    own, the last; one error line, not first a warning that training goes on and tries again."""
+    import signal
+
+    import train
+    real, writes = train.train_step, []
+
+    def step(state, *args):
+        if state.iter_num == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(state, *args)
+
+    def disk_full(checkpoint, path):
+        writes.append(path)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(train, "train_step", step)
+    monkeypatch.setattr(train, "save_checkpoint", disk_full)
+    with pytest.raises(SystemExit) as exit:
+        train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=6, eval_interval=2))
+    out = capsys.readouterr()
+    assert exit.value.code == 1 and len(writes) == 1 and "tries again" not in out.out, out.out
+    assert out.err == (f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 2: No space left on device; free "
+                       "some space, or pick another --out_dir, and run again\n"), out.err
+
+
 def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_default(tmp_path, data_dir, monkeypatch):
     """Every group of both optimizers steps at its peak rate times the schedule: a linear warm-up, then a
     cosine from the peak down to min_lr/learning_rate at max_iters (lr_decay_iters=0)."""
