@@ -130,11 +130,11 @@ def writable_directory(path, setting, room=0):
         yield made
 
 
-def check_writable(path):
-    """ValueError, before any work is done, if path cannot be written: it is a directory, or a file
-    cannot be created beside it (a read-only place, no permission)."""
+def check_writable(path, example):
+    """ValueError, before any work is done, if path cannot be written: it is a directory (the error names a
+    file in it, of the name example), or a file cannot be created beside it (a read-only place, no permission)."""
     if os.path.isdir(path):
-        raise ValueError(f"{path} is a directory; name a file in it, e.g. {os.path.join(path, 'attn.html')}")
+        raise ValueError(f"{path} is a directory; name a file in it, e.g. {os.path.join(path, example)}")
     folder = os.path.dirname(os.path.abspath(path))
     try:
         write_probe(folder)

@@ -137,7 +137,7 @@ def main(cfg):
                                                                    n_params=model.num_params(non_embedding=False))
         check_model_backend(model, cfg, device, dtype)
         if cfg.attention_map:
-            check_writable(cfg.attention_map)
+            check_writable(cfg.attention_map, "attn" + os.path.splitext(cfg.attention_map)[1])
         prompt = read_prompt(cfg.start)
         ids = encode_prompt(tokenizer, prompt, cfg.start == type(cfg).start)
         if not ids:

@@ -87,7 +87,8 @@ def out_path(out, name, device):
     """Where a benchmark writes its JSON: out (its --out), or bench/results/<name>-<device>.json. Checked
     before the benchmark runs, so a path that cannot be written is one line rather than a traceback after
     minutes of measuring. Missing folders are fine: write_json makes them."""
-    path = out or os.path.join(RESULTS, f"{name}-{device_type_of(device)}.json")
+    own = f"{name}-{device_type_of(device)}.json"
+    path = out or os.path.join(RESULTS, own)
     folder = os.path.dirname(os.path.abspath(path))
     existing = folder
     while not os.path.isdir(existing):
@@ -96,7 +97,7 @@ def out_path(out, name, device):
         existing = os.path.dirname(existing)
     try:
         if existing == folder:
-            check_writable(path)
+            check_writable(path, own)
         else:  # can the missing folders be made? A probe folder in the nearest one that exists
             tempfile.TemporaryDirectory(dir=existing).cleanup()
     except ValueError as e:

@@ -110,16 +110,20 @@ class TrainBench:
         if self.loop and self.steps_per_sample != 1:
             raise ValueError(f"loop={self.loop} times the steps alone over as many iterations as the loop: "
                              f"steps_per_sample={self.steps_per_sample} would not be used; give one of the two")
+        fixed = [f"--{name}" for name in EXECUTIONS["default"] if getattr(self, name) is not None]
+        if self.variants == "execution" and fixed:
+            raise ValueError(f"variants=execution runs nanoGPT's execution and this repo's defaults as they are: "
+                             f"{', '.join(fixed)} would not be used; drop {'it' if len(fixed) == 1 else 'them'}")
         TrainConfig(seed=self.seed)  # train.py's own check of a seed (ValueError)
 
 
 def parse_args(argv):
     """A bare path (python bench/train.py configs/x.toml) means --config=path."""
     given = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
-    files = [a for a in argv if not a.startswith("--")] + given
+    files = [a for a in argv if not a.startswith("-")] + given  # -h is a flag too
     if len(files) > 1:
         fail(f"give at most one train.py config file, got {', '.join(files)}")
-    flags = [a for a in argv if a.startswith("--") and not a.startswith("--config=")] + [f"--config={f}" for f in files]
+    flags = [a for a in argv if a.startswith("-") and not a.startswith("--config=")] + [f"--config={f}" for f in files]
     return parse(TrainBench, flags)
 
 

@@ -571,8 +571,10 @@ def test_attention_page_bench_writes_pages_and_weighs_them(launch, tmp_path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_bench_help_describes_every_setting(launch, script):
-    out = check_ok(launch(f"bench/{script}.py", "--help")).stdout
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_bench_help_describes_every_setting(launch, script, flag):
+    out = check_ok(launch(f"bench/{script}.py", flag)).stdout
+    assert "  --out=" in out, out  # its own settings: bench/train.py read -h as a config file, and showed train.py's
     settings = [line for line in out.splitlines() if line.startswith("  --")]
     assert settings, out
     undescribed = [line for line in settings if re.fullmatch(r"\s+--\S+\s+\[.*\]", line)]  # no comment before the type
@@ -605,6 +607,9 @@ def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     ("bench/train.py", "--optimizers=sgd", "optimizers: 'sgd' is not one of adamw, muon"),  # an axis not compared too
     ("bench/train.py", "--variants=execution --activations=y", "activations: 'y' is not one of gelu_tanh, gelu, relu2"),
     ("bench/train.py", "--compile=maybe", "compile must be true, false or none, got 'maybe'"),
+    ("bench/train.py", "--variants=execution --compile=false --dtype=float32",  # were silently not used
+     "variants=execution runs nanoGPT's execution and this repo's defaults as they are: --compile, --dtype would "
+     "not be used; drop them"),
     ("bench/sample.py", "--out_dir=nowhere", "error: no checkpoint at nowhere/ckpt.pt; train one first"),  # named once
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
     ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
@@ -659,6 +664,9 @@ def test_bench_out_that_cannot_be_written_is_one_line_before_anything_runs(launc
     proc = launch(f"bench/{script}.py", *(() if script == "attention_page" else ("--device=cpu",)), f"--out={out}")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert proc.stdout == ""  # nothing measured, not even the machine printed
+    if where == "folder":  # the file named in it is the script's own JSON, not an attention page
+        assert re.search(rf"; name a file in it, e\.g\. {re.escape(str(tmp_path))}/{script.replace('_', '-')}[\w-]*-cpu"
+                         r"\.json$", proc.stderr.strip()), proc.stderr
 
 
 def test_bench_out_may_name_folders_not_made_yet(tmp_path):

@@ -1645,7 +1645,8 @@ CASES = [
         c, f"--init_from={c.gpt2_dir({}, config={**TINY_GPT2, 'n_layer': 'twelve'})}"),
          lambda c: [str(c.dir / "gpt2" / "config.json"), "n_layer='twelve'"]),
     Case("sample-attention-map-a-directory", lambda c: (c.dir / "attn.html").mkdir() or sample_args(
-        c, f"--attention_map={c.dir / 'attn.html'}"), lambda c: [str(c.dir / "attn.html"), "is a directory"]),
+        c, f"--attention_map={c.dir / 'attn.html'}"), lambda c: [f"{c.dir / 'attn.html'} is a directory; name a file "
+                                                                  f"in it, e.g. {c.dir / 'attn.html' / 'attn.html'}"]),
     Case("sample-attention-map-where-nothing-can-be-written",
          lambda c: sample_args(c, "--attention_map=/proc/attn.html"),
          lambda c: ["cannot write /proc/attn.html"]),
