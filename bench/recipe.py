@@ -36,6 +36,7 @@ if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the reposi
 
 import json
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -44,6 +45,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -224,8 +226,32 @@ def check_configs(cfg):
         if os.path.samefile(cfg.base_repo, ROOT):
             fail(f"base_repo={cfg.base_repo!r} is this checkout: the base is another one, e.g. `git worktree add "
                  "/tmp/base HEAD~1`")
+        check_base_settings(cfg, configs, given)
         configs = [(os.path.abspath(cfg.base_repo), c) for c in configs] + configs  # base first: label order
     return configs
+
+
+def check_base_settings(cfg, configs, given):
+    """One line, before any run trains, where the base checkout's train.py lacks a setting that a config or
+    train_args gives it (an option newer than the base): its every run would fail at its start while this
+    checkout's trained. Its settings are the names its --help lists; a train.py without one is not checked."""
+    helped = subprocess.run([sys.executable, "train.py", "--help"], cwd=cfg.base_repo, capture_output=True, text=True,
+                            env={**os.environ, "TORCHDYNAMO_DISABLE": "1"}, timeout=300)
+    known = set(re.findall(r"^\s*--(\w+)", helped.stdout, re.M))
+    if helped.returncode != 0 or not known:
+        return
+    for name, c in zip(given, configs):
+        keys = []
+        if c != "default":
+            with open(c, "rb") as f:
+                keys = list(tomllib.load(f))
+        keys += [a[2:].partition("=")[0] for a in train_args(cfg, c, seed=0, out_dir="out") if a.startswith("--")]
+        lacking = sorted(set(keys) - known)
+        if lacking:
+            fail(f"base_repo={cfg.base_repo!r}: its train.py has no setting {', '.join(lacking)}, which "
+                 f"{'the default config' if c == 'default' else name}"
+                 f"{f' with --train_args={cfg.train_args!r}' if cfg.train_args else ''} gives it; every base run "
+                 "would fail at its start: compare configs that both checkouts take")
 
 
 def train_one(cfg, config, seed, work, free_cpus, interrupted):

@@ -364,6 +364,20 @@ def base_checkout(tmp_path, says):
     return base
 
 
+def test_recipe_bench_refuses_settings_the_base_checkouts_train_py_lacks_before_any_run(launch, tmp_path):
+    """A setting newer than the base (e3eff70 has no mlp_ratio): every base run failed at its start while this
+    checkout's trained their whole budget. The base's train.py --help names its settings (this one's: out_dir)."""
+    base = base_checkout(tmp_path, 'print("  --out_dir=out  where it writes"); sys.exit(0)')
+    proc = launch("bench/recipe.py", "--device=cpu", f"--base_repo={base}", "--configs=default", "--seeds=1337",
+                  "--max_seconds=1", "--train_args=--mlp_ratio=2", f"--work_dir={tmp_path / 'runs'}",
+                  f"--out={tmp_path / 'r.json'}")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: base_repo='{base}': its train.py has no setting device, eval_interval, "
+                                  "eval_iters, max_iters, max_seconds, mlp_ratio, seed, which the default config with "
+                                  "--train_args='--mlp_ratio=2' gives it;"), proc.stderr
+    assert "train:" not in proc.stdout and not (tmp_path / "runs").exists()
+
+
 def tiny_run(data_dir):
     return f"--data_dir={data_dir} --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --dtype=float32"
 
