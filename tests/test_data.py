@@ -567,6 +567,29 @@ def test_prepare_char_dataset(tmp_path, jsonl_dataset):
     assert tokenizer_from_meta(load_meta(str(tmp_path / "txt"))).decode(tokens(tmp_path / "txt")) == DOCS[2]
 
 
+def test_the_validation_split_trained_on_is_cut_not_also_used_to_validate(tmp_path, jsonl_dataset):
+    """--split=validation trains on the dataset's validation split: its validation is then cut from it (the
+    last 10 %), not that same split again, which made train.bin and val.bin one text."""
+    cache = str(tmp_path / "hf_cache")
+    out = tmp_path / "char"
+    prepare_char_dataset(str(out), str(jsonl_dataset), split="validation", text_column="body", cache_dir=cache)
+    tok = tokenizer_from_meta(load_meta(str(out)))
+    train, val = (tok.decode(open_split(str(out), s).tolist()) for s in SPLITS)
+    assert train + val == DOCS[2] and len(val) == len(DOCS[2]) - int(0.9 * len(DOCS[2]))
+
+
+def test_gpt2_files_separate_every_document_once_and_write_a_spelt_end_of_text_as_text(tmp_path):
+    """600 documents (more than one batch of the tokenizer's and of a dataset's reading) get 599 separators,
+    and a document that spells <|endoftext|> gets ordinary tokens for it, not a false document boundary."""
+    docs = [f"Document {i} spells <|endoftext|> once." for i in range(600)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    r = run_cli("--dataset=d.jsonl", "--out_dir=out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ids = np.concatenate([open_split(str(tmp_path / "out"), s) for s in SPLITS]).tolist()
+    assert ids.count(50256) == len(docs) - 1
+    assert GPT2Tokenizer().decode([i for i in ids if i != 50256]) == "".join(docs)
+
+
 # --- command line ----------------------------------------------------------------------------
 
 def run_cli(*args, cwd, module=False):
@@ -660,6 +683,10 @@ def test_cli_errors(tmp_path, run_main):
     for args, expected in (
             (["--input=a.txt", "--dataset=a.txt", "--out_dir=x"], "--input and --dataset are two sources"),
             (["--input=a.txt"], "--out_dir is required"),
+            (["--dataset=a.txt"], "--out_dir is required"),  # else it wrote over data/shakespeare
+            (["--plays=tiny", "--dataset=a.txt", "--out_dir=x"], "--plays chooses the Shakespeare corpus"),
+            (["--input=a.txt", "--out_dir=x", "--text_column=body"], "--text_column chooses from a --dataset, and "
+                                                                     "none was given"),
             (["--val_split=test"], "--val_split chooses from a --dataset"),
             (["--input=a.txt", "--out_dir=x", "--tokenizer=bpe"], "not a valid choice"),
             (["--input=a.txt,missing.txt", "--out_dir=x"], f"--input=missing.txt: no such file; check the path "

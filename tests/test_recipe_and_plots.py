@@ -221,12 +221,12 @@ def test_plot_attention_shows_the_causal_triangle(tmp_path, drawn_figures):
     T = 12
     scores = torch.randn(2, 3, T, T).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     weights = list(scores.softmax(-1))  # 2 layers of (3 heads, T, T)
-    plot_attention(weights, list("ROMEO:\nBut s"), str(tmp_path / "attn.png"), layer=1, head=2)
+    plot_attention(weights, list("ROMEO:\nBut s"), str(tmp_path / "attn.png"), layer=0, head=1)  # not the last
     assert_picture(tmp_path / "attn.png", (1000, 500))
     panels = [ax for ax in drawn_figures[0].axes if ax.get_images()]  # the grid, then the large one
     shown = [torch.from_numpy(ax.get_images()[0].get_array().data) for ax in panels]
     assert len(shown) == 2 * 3 + 1
-    for (i, j), picture in zip([(i, j) for i in range(2) for j in range(3)] + [(1, 2)], shown):
+    for (i, j), picture in zip([(i, j) for i in range(2) for j in range(3)] + [(0, 1)], shown):
         assert torch.equal(picture, weights[i][j]), (i, j)  # the triangle as computed: zero above the diagonal
 
 

@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -1532,10 +1533,13 @@ CASES = [
         lambda d: open(d / "train.bin", "ab").write(b"\x60\xea"))),
          lambda c: [str(c.dir / "data" / "train.bin"), "meta.json says", "different preparations"]),
     # prepared before meta.json recorded the files: the one pass over them still finds the stray id
+    # (the first id past the vocabulary: vocab_size itself)
     Case("tokens-outside-the-vocabulary-in-older-data", lambda c: train_args(c, data=c.broken_data(lambda d: (
-        open(d / "train.bin", "ab").write(b"\x60\xea"), (d / "meta.json").write_text(json.dumps(
+        open(d / "train.bin", "ab").write(struct.pack("<H", json.loads((d / "meta.json").read_text())["vocab_size"])),
+        (d / "meta.json").write_text(json.dumps(
             {k: v for k, v in json.loads((d / "meta.json").read_text()).items() if k != "splits"}))))),
-         lambda c: [str(c.dir / "data" / "train.bin"), "60000"]),
+         lambda c: [str(c.dir / "data" / "train.bin"), f"holds token id {len(set(TEXT))}, outside meta.json's "
+                    f"vocabulary of {len(set(TEXT))}"]),
     Case("meta-splits-damaged", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
         json.dumps({**json.loads((d / "meta.json").read_text()), "splits": {"train": {"tokens": "many"}}})))),
          lambda c: [str(c.dir / "data" / "meta.json"), "splits"]),
