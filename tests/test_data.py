@@ -923,6 +923,10 @@ def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_ma
     status, _, err = run_main("--dataset=docs/*.jsonl", "--out_dir=mixed", cwd=tmp_path)
     assert_one_error_line(status, err, "docs/*.jsonl matches files named for a split (train, validation) and files "
                                        "of no split or of two (docs/notes.jsonl); name each file for its split")
+    (docs / "validation.jsonl").unlink()  # one split named, one file of none: notes.jsonl was left out unsaid
+    status, _, err = run_main("--dataset=docs/*.jsonl", "--out_dir=mixed", cwd=tmp_path)
+    assert_one_error_line(status, err, "docs/*.jsonl matches files named for a split (train) and files of no split "
+                                       "or of two (docs/notes.jsonl); name each file for its split")
     assert not (tmp_path / "mixed").exists()
 
 
