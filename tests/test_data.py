@@ -145,6 +145,29 @@ def test_prepare_plays_flag(tmp_path, run_main):
     assert_one_error_line(status, err, "plays='every' is not a valid choice; choose one of: 'all' | 'tiny'")
 
 
+def test_a_preparation_cut_off_between_its_renames_leaves_no_meta_json(tmp_path, monkeypatch):
+    """meta.json marks a complete data dir: it goes before the first token file is renamed into place and
+    comes back after the last, so a run cut off between them (a kill, a power cut) leaves a folder that says
+    it is incomplete, not a new train.bin under the old meta.json, which then loaded as other text."""
+    d = str(tmp_path / "d")
+    prepare_char("abcdefghij" * 50, d)
+    real, renamed = os.replace, []
+
+    def cut_off_after_the_first(src, dst):
+        if renamed:
+            raise KeyboardInterrupt
+        renamed.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(data.prepare.os, "replace", cut_off_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_char("zyxwvutsrq" * 50, d)
+    monkeypatch.undo()
+    assert len(renamed) == 1 and not os.path.exists(os.path.join(d, "meta.json"))
+    with pytest.raises(ValueError):
+        load_meta(d)
+
+
 def test_failed_prepare_leaves_old_data_dir(tmp_path):
     d = tmp_path / "d"
     prepare_char("hello world, " * 10, str(d))
@@ -899,6 +922,20 @@ def test_input_names_a_file_with_a_comma_in_its_name(tmp_path, run_main, monkeyp
                                            "1.txt has one in its name: give it alone, or its folder with "
                                            "--dataset=FOLDER")
         assert not (tmp_path / "two").exists()
+
+
+def test_a_validation_split_without_the_text_column_is_one_line(tmp_path, run_main, datasets_cache, capsys):
+    """--text_column is checked in the validation split too: a dataset whose validation split names its text
+    otherwise (saved by datasets' save_to_disk) was a KeyError's traceback once the training split was read."""
+    import datasets
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"body": ["some training text. "] * 20}),
+                          "validation": datasets.Dataset.from_dict({"text": ["held-out text."] * 5})}
+                         ).save_to_disk(str(tmp_path / "saved"))
+    capsys.readouterr()  # save_to_disk's progress bars
+    status, _, err = run_main("--dataset=saved", "--text_column=body", "--out_dir=o", cwd=tmp_path)
+    assert_one_error_line(status, err, "split 'validation' of 'saved' has no column 'body' (columns: text); pick one "
+                                       "with --text_column")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_glob_gives_its_files_splits_by_name_as_a_folder_does(tmp_path, run_main, datasets_cache):
