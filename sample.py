@@ -41,6 +41,9 @@ UNREAD = {"samples": ("attention_layer", "attention_head"),
           "an attention picture": ("num_samples", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                                    "use_kv_cache", "compile", "dtype", "attention")}
 GREEDY_UNREAD = ("top_k", "top_p", "seed")  # temperature=0 takes the likeliest token: nothing is drawn
+# what shrinks each way's memory: an attention map runs one sequence, a picture the prompt alone
+SMALLER_RUN = {"samples": "ask for fewer --num_samples or --max_new_tokens",
+               "an attention page": "ask for fewer --max_new_tokens", "an attention picture": "give a shorter prompt"}
 
 
 @dataclass
@@ -169,7 +172,7 @@ def main(cfg):
         if not ran_out_of_memory(e):
             raise
         fail(f"out of memory with {cfg.rows()} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
-             f"{smaller_run(cfg)}", status=1)
+             f"{SMALLER_RUN[cfg.made()]}", status=1)
     except OSError as e:  # writing the map (samples go to stdout, whose reader leaving is a stop)
         if not cfg.attention_map:
             raise
@@ -218,14 +221,7 @@ def check_fits(model, cfg, n_prompt, device, dtype):
         tokens = f"{n_prompt + new:,} tokens"
         asked = tokens if cfg.attention_map else f"num_samples={rows} x {tokens}"
         raise ValueError(f"{asked} need ~{needed / 2**30:,.0f} GiB for their tokens and KV cache; this "
-                         f"{device_type_of(device)} has {memory / 2**30:,.0f} GiB: {smaller_run(cfg)}")
-
-
-def smaller_run(cfg):
-    """What shrinks this run's memory: an attention map runs one sequence, a picture the prompt alone."""
-    return {"samples": "ask for fewer --num_samples or --max_new_tokens",
-            "an attention page": "ask for fewer --max_new_tokens", "an attention picture": "give a shorter prompt"}[
-        cfg.made()]
+                         f"{device_type_of(device)} has {memory / 2**30:,.0f} GiB: {SMALLER_RUN[cfg.made()]}")
 
 
 # At one token per forward every matmul is a matrix-vector product, whose time is the time to read the
