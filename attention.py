@@ -55,11 +55,12 @@ def manual_attention(q, k, v, mask=None, dropout_p=0.0):
 
 def apply_rotary(x, cos, sin):
     """Rotary position embedding (RoPE): turn each channel pair (x1, x2) of q or k by an angle that
-    grows with the position, so q·k depends only on how far apart two tokens are. x: (B, nh, T, hs),
+    grows with the position, so q·k depends only on how far apart two tokens are. x: (B, heads, T, hs),
     pairing channel i with i + hs/2; cos and sin: (T, hs), each angle's twice, sin's first half
     negated (GPT.__init__), so that the turn (x1 cos - x2 sin, x2 cos + x1 sin) is x cos + (x2, x1) sin."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat([x2, x1], dim=-1) * sin).type_as(x)
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat([x2, x1], dim=-1) * sin).type_as(x)
 
 
 def causal_mask(n_query, n_key, device=None):
@@ -159,6 +160,7 @@ class MultiHeadAttention(nn.Module):
         check_heads(n_embd, n_head)
         check_backend(backend)
         self.n_head, self.dropout, self.backend, self.causal, self.qk_norm = n_head, dropout, backend, causal, qk_norm
+        self.head_size = n_embd // n_head
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # Q, K and V for all heads in one matmul
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)  # mixes the concatenated heads
         # keep_weights=True: forward goes through manual_attention and keeps its weights in
@@ -174,19 +176,16 @@ class MultiHeadAttention(nn.Module):
         if context is not None and kv_cache is not None:
             raise ValueError("a KV cache holds the keys and values of x's earlier tokens; with context, they come "
                              "from context, which every call would append again: call cross-attention without kv_cache")
-        if context is None:
-            q, k, v = self.c_attn(x).split(C, dim=2)
+        nh = self.n_head
+        if context is None:  # q's and k's heads side by side: one call norms and turns both (a token decoded
+            # one at a time pays for every op called, bench/README.md)
+            qk, v = self.heads(self.c_attn(x)).split([2 * nh, nh], dim=1)  # (B, 2nh, T, hs), (B, nh, T, hs)
+            q, k = self.position_and_scale(qk, rotary).chunk(2, dim=1)  # (B, nh, T, hs) each
         else:  # queries from x; keys and values from the other sequence, with the same weights
             w_q, w_kv = self.c_attn.weight.split([C, 2 * C])
             b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
-            q = F.linear(x, w_q, b_q)
-            k, v = F.linear(context, w_kv, b_kv).split(C, dim=2)
-        hs = C // self.n_head
-        q, k, v = (t.view(B, t.size(1), self.n_head, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if self.qk_norm:  # unit-RMS queries and keys keep the logits of the softmax in a tame range
-            q, k = F.rms_norm(q, (hs,)), F.rms_norm(k, (hs,))
-        if rotary is not None and context is None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            k, v = self.heads(F.linear(context, w_kv, b_kv)).chunk(2, dim=1)  # (B, nh, Tk, hs) each
+            q, k = self.position_and_scale(self.heads(F.linear(x, w_q, b_q))), self.position_and_scale(k)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # (B, nh, Tk, hs): the cached keys, then these
         Tk = k.size(2)
@@ -205,6 +204,18 @@ class MultiHeadAttention(nn.Module):
             y = self.flash(q, k, v, causal, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, Tq, C)  # (B, Tq, C): heads side by side again
         return dropout(self.c_proj(y), self.dropout, self.training)
+
+    def heads(self, t):
+        """(B, T, n * C) -> (B, n * nh, T, hs): t's channels split into heads of C // n_head."""
+        B, T, _ = t.shape
+        return t.view(B, T, -1, self.head_size).transpose(1, 2)
+
+    def position_and_scale(self, t, rotary=None):
+        """Queries or keys (B, heads, T, hs) as the scores use them: with qk_norm at unit RMS, which keeps
+        the softmax's logits in a tame range; with rotary (cos, sin) turned by their positions (RoPE)."""
+        if self.qk_norm:
+            t = F.rms_norm(t, (t.size(-1),))
+        return t if rotary is None else apply_rotary(t, *rotary)
 
     def sdpa(self, q, k, v, causal, dropout_p):
         Tq, Tk = q.size(2), k.size(2)
