@@ -25,15 +25,15 @@ HS = C // NH
 ATOL = 1e-5
 
 
-def make_mha(backend, seed=0, causal=True, bias=True):
+def make_mha(backend, seed=0, causal=True, bias=True, qk_norm=False):
     """A small attention layer in eval mode; the same seed gives the same weights on every backend."""
     torch.manual_seed(seed)
-    return MultiHeadAttention(C, NH, dropout=0.0, bias=bias, backend=backend, causal=causal).eval()
+    return MultiHeadAttention(C, NH, dropout=0.0, bias=bias, backend=backend, causal=causal, qk_norm=qk_norm).eval()
 
 
 def clone_as(m, backend):
     twin = MultiHeadAttention(C, NH, dropout=0.0, bias=m.c_attn.bias is not None,
-                              backend=backend, causal=m.causal).eval()
+                              backend=backend, causal=m.causal, qk_norm=m.qk_norm).eval()
     twin.load_state_dict(m.state_dict())
     return twin
 
@@ -55,13 +55,16 @@ def rand(*shape, seed=1, requires_grad=False):
 def reference_attention(m, x, context=None, causal=True, q_start=0):
     """Attention written as a loop over queries. Self-attention: queries are x[:, q_start:], keys
     and values all of x, and the query at absolute position p sees keys 0..p (a KV cache holding
-    x[:, :q_start] is the same thing). Cross-attention: keys and values from `context`, no mask."""
+    x[:, :q_start] is the same thing). Cross-attention: keys and values from `context`, no mask.
+    With m.qk_norm, each head's queries and keys are scaled to unit RMS first."""
     Wq, Wk, Wv = m.c_attn.weight.split(C)
     bq, bk, bv = m.c_attn.bias.split(C) if m.c_attn.bias is not None else (None, None, None)
     src = x if context is None else context
     heads = lambda t: t.view(t.size(0), t.size(1), NH, HS).transpose(1, 2)  # (B, nh, T, hs)
     q = heads(F.linear(x, Wq, bq))[:, :, q_start:]
     k, v = heads(F.linear(src, Wk, bk)), heads(F.linear(src, Wv, bv))
+    if m.qk_norm:
+        q, k = (t / t.pow(2).mean(-1, keepdim=True).add(torch.finfo(t.dtype).eps).sqrt() for t in (q, k))
     rows = []
     for i in range(q.size(2)):
         n = q_start + i + 1 if (causal and context is None) else k.size(2)  # keys this query sees
@@ -275,6 +278,21 @@ def test_cross_attention_sees_all_of_context(backend, bias, tq, tk):
     assert w.shape == (B, NH, tq, tk)
     assert torch.all(w > 0), "cross-attention must not mask any context position"
     torch.testing.assert_close(w.sum(-1), torch.ones(B, NH, tq), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_qk_norm_scales_every_query_and_key(backend, cross):
+    """With qk_norm, the queries and the keys of every head are at unit RMS before they are scored, in
+    self-attention (whose q and k are normed side by side) and in cross-attention (each apart)."""
+    m = make_mha(backend, qk_norm=True)
+    x, c = rand(B, 6, C, seed=1), rand(B, 9, C, seed=2) * 5  # large inputs: the norm must change the scores
+    context = c if cross else None
+    with torch.no_grad():
+        y, expected = m(x, context=context), reference_attention(m, x, context=context)
+        unnormed = reference_attention(make_mha("manual"), x, context=context)
+    torch.testing.assert_close(y, expected, atol=ATOL, rtol=0)
+    assert (y - unnormed).abs().max() > 100 * ATOL, "the norm made no difference: the test cannot see it"
 
 
 def test_cross_attention_refuses_a_kv_cache():
