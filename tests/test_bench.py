@@ -825,3 +825,69 @@ def test_results_files_name_no_directory_of_the_machine(tmp_path):
     assert json.loads(text) == {"config": {"base_repo": "base", "out": "r.json",
                                            "configs": "default,configs/x.toml,y.toml", "seeds": "1,2"},
                                 "runs": [{"out_dir": "a"}]}
+
+
+def test_the_goal_column_holds_exactly_at_each_goals_bound(tmp_path, monkeypatch):
+    """bench/goals.py's verdicts from each script's JSON: every goal holds at its bound and not past it; the val
+    bound is 1.47 with bf16 instructions and 1.52 without; only this checkout's recipe runs count for the busy
+    check; the cache-against-none ratio (not in the goal table) and a figure not measured as stated give no
+    verdict."""
+    import bench.goals as goals
+
+    def recipe(iterations, val, below):
+        summary = {"iterations": {"mean": iterations}, "val_loss": {"mean": val}}
+        base = {"iterations": {"mean": 3500}, "val_loss": {"mean": 1.55}}
+        return {"summary": {"default": summary, "base-default": base}, "paired": {"mean": below}}
+
+    def verdicts(goal, report):
+        return [holds for *_, holds in goals.rows_from(goal, report, str(tmp_path))]
+
+    monkeypatch.setattr(goals, "cpu_has_bf16", lambda: True)
+    assert verdicts("recipe", recipe(7000, 1.47, 0.05)) == [True, True, True, True]
+    assert verdicts("recipe", recipe(6999, 1.4701, 0.0499)) == [False, False, False, True]
+    monkeypatch.setattr(goals, "cpu_has_bf16", lambda: False)
+    assert verdicts("recipe", recipe(7000, 1.52, 0.05))[1] is True
+    assert verdicts("recipe", recipe(7000, 1.5201, 0.05))[1] is False
+    for run, busy in (("base-default-seed1337", True), ("default-seed1337", False)):  # the base's warning is its own
+        log = tmp_path / "recipe-runs" / run / "train.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("warning: ... another process is busy on these CPUs. ...\n")
+        assert verdicts("recipe", recipe(7000, 1.4, 0.1))[3] is busy
+    assert verdicts("loop", {"variants": [{"loop_overhead": 0.05}]}) == [True]
+    assert verdicts("loop", {"variants": [{"loop_overhead": 0.0501}]}) == [False]
+    for default, holds in ((150.0, True), (149.9, False)):
+        speeds = [{"execution": "nanogpt", "tokens_per_s": 100.0}, {"execution": "default", "tokens_per_s": default}]
+        assert verdicts("execution", {"variants": speeds}) == [holds]
+    ratio = lambda value, applies: {"min": 3.0, "value": value, "applies": applies, "holds": value >= 3.0}
+    report = {"requirements": {"kv_cache_vs_no_cache": ratio(9.0, True), "kv_cache_vs_nanogpt": ratio(2.9, True),
+                               "kv_cache_compiled_vs_nanogpt": ratio(4.0, False)}, "greedy_identical": False}
+    rows = goals.rows_from("sample", report, str(tmp_path))
+    assert [(what, holds) for what, _, holds in rows] == [("kv_cache >= nanogpt x 3", False),
+                                                          ("kv_cache_compiled >= nanogpt x 3", None),
+                                                          ("the same greedy tokens", False)]
+
+
+def test_the_goal_script_says_bad_input_in_one_line(launch, tmp_path):
+    (tmp_path / "notes.txt").write_text("")
+    for flags, says in ((["--goals=bogus"], "goals: 'bogus' is not one of recipe, loop"),
+                        ([f"--results={tmp_path / 'notes.txt'}"], "is a file, not a folder")):
+        proc = launch("bench/goals.py", *flags)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    out = check_ok(launch("bench/goals.py", "--help")).stdout
+    assert all(re.search(rf"^  --{name}=.*  \S.*\[", out, re.M) for name in ("goals", "base_commit", "results", "smoke"))
+
+
+@pytest.mark.slow  # ~1 min: train.py runs, a base in a git worktree with its own data
+def test_the_goal_script_runs_each_goal_at_toy_sizes(tmp_path):
+    """bench/goals.py --smoke=true end to end: the recipe against a base checked out in a worktree (HEAD here),
+    the loop and the determinism check each give their rows, none of them a failure, and the worktree is gone."""
+    before = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    proc = subprocess.run([sys.executable, "bench/goals.py", "--smoke=true", "--base_commit=HEAD",
+                           "--goals=recipe,loop,determinism", f"--results={tmp_path}"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    check_ok(proc)
+    rows = json.loads((tmp_path / "goals.json").read_text())["rows"]
+    assert [r["goal"] for r in rows] == ["recipe"] * 4 + ["loop", "determinism"], rows
+    assert not [r for r in rows if "fail" in r["figure"] or "not run" in r["figure"]], rows
+    assert rows[-1]["figure"] == "identical" and rows[-1]["holds"] is True
+    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before

@@ -1,0 +1,196 @@
+"""
+The goal table's column for this CPU (bench/README.md, "The speed and quality goals, by CPU class"), in one
+command: each goal's own measurement run as a subprocess, its output and JSON kept, the column printed last.
+
+    python bench/goals.py                                # ~40 min on a 2-core CPU
+    python bench/goals.py --goals=loop,sample            # some of them
+    python bench/goals.py --smoke=true --base_commit=HEAD --results=/tmp/g    # toy sizes: tests this script
+
+  recipe       bench/recipe.py --configs=default --base_repo=BASE: train.py's iterations in 190 s >= 2x the
+               base's; its val loss <= 1.47 on a CPU with bf16 instructions (<= 1.52 without) and >= 0.05
+               below the base's (3 seeds); no busy warning in its runs' logs (run it on an idle machine). BASE is
+               --base_commit checked out in a temporary `git worktree`, with its own data/prepare.py.
+  loop         bench/train.py --variants=none --loop=50: train.py's loop <= 5 % beyond its step
+  execution    bench/train.py configs/nanogpt_cpu_reference.toml --variants=execution: >= 1.5x nanoGPT's tokens/s
+  sample       bench/sample.py --compile=true: generate >= 3x nanoGPT's loop (eager and compiled)
+  gpt2         bench/sample.py --reference=transformers: >= 1.5x transformers' generate, the same tokens
+  determinism  python train.py twice, one seed, compiled (the default): identical weights
+
+Every command runs on the CPU (--device=cpu), so that a GPU machine measures its CPU. One that fails is a
+row that says so, and the others still run. Each goal's JSON and log, and the column (goals.json), go to
+--results. --smoke=true runs every command at toy sizes: its figures mean nothing.
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from bench.benchutil import (RESULTS, ROOT, holds_or_not, machine_info, md_table, out_path, parse, print_machine,
+                             run, split_list, write_json)
+from hardware import cpu_has_bf16
+
+GOALS = ("recipe", "loop", "execution", "sample", "gpt2", "determinism")
+BASE_COMMIT = "e3eff70"  # the goal table's base: the code before the compiled step
+TOY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=32"]
+BUSY = re.compile(r"another process is busy|: not cached")  # the busy check's warning, the peak probe's note
+TRAIN_EVAL = "--eval_interval=1000 --eval_iters=200"  # as the goal table's recipe runs
+
+
+@dataclass
+class GoalsBench:
+    goals: str = ",".join(GOALS)  # which goals, comma-separated (see the top)
+    base_commit: str = BASE_COMMIT  # the commit the recipe's iterations and val loss are compared with
+    results: str = ""  # folder for each goal's JSON and log and the column; "": bench/results/goals-<cpu>/
+    smoke: bool = False  # every command at toy sizes, in a minute or two: tests this script; no real figures
+
+
+def commands(goal, cfg, results, base):
+    """The argv (after the interpreter) that measures goal, and the JSON it writes."""
+    out, toy = os.path.join(results, f"{goal}.json"), cfg.smoke
+    if goal == "recipe":
+        train_args = " ".join([TRAIN_EVAL] + (["--compile=false", *TOY_MODEL] if toy else []))
+        argv = ["bench/recipe.py", "--configs=default", f"--base_repo={base}", f"--train_args={train_args}",
+                f"--work_dir={os.path.join(results, 'recipe-runs')}"]
+        toy_sizes = ["--max_seconds=2", "--seeds=1337", "--eval_batches=2", "--train_eval_iters=1"]
+    elif goal == "loop":
+        argv = ["bench/train.py", "--variants=none", f"--loop={2 if toy else 50}"]
+        toy_sizes = ["--compile=false", "--repeats=2", "--warmup=1", "--batch_size=2", *TOY_MODEL]
+    elif goal == "execution":
+        argv = ["bench/train.py", "configs/nanogpt_cpu_reference.toml", "--variants=execution"]
+        toy_sizes = ["--repeats=2", "--warmup=1", "--batch_size=2", *TOY_MODEL]
+    elif goal == "sample":
+        argv = ["bench/sample.py", f"--compile={not toy}"]
+        toy_sizes = ["--max_new_tokens=8", "--repeats=1", "--warmup_tokens=2", *TOY_MODEL]
+    elif goal == "gpt2":
+        argv = ["bench/sample.py", "--reference=transformers"]
+        toy_sizes = ["--max_new_tokens=4", "--repeats=1", "--warmup_tokens=2", *TOY_MODEL]
+    else:
+        return None, None  # determinism runs train.py itself (run_determinism)
+    return argv + (toy_sizes if toy else []) + ["--device=cpu", f"--out={out}"], out
+
+
+def run_logged(argv, log_path, cwd=ROOT):
+    """Run [python, *argv] in cwd, its output shown and kept in log_path; its exit status."""
+    print(f"\n=== {' '.join(argv)}", flush=True)
+    with open(log_path, "w") as log, subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+    return proc.returncode
+
+
+def base_worktree(commit, where):
+    """A `git worktree` of commit under where, with its own data prepared; its path, or None and why not."""
+    path = os.path.join(where, "base")
+    made = subprocess.run(["git", "worktree", "add", "--detach", path, commit], cwd=ROOT, capture_output=True,
+                          text=True)
+    if made.returncode:
+        return None, f"git worktree add {commit} failed: {(made.stderr.strip() or made.stdout.strip())[:200]}"
+    prepared = subprocess.run([sys.executable, "data/prepare.py"], cwd=path, capture_output=True, text=True)
+    if prepared.returncode:
+        return None, f"data/prepare.py at {commit} failed: {prepared.stdout.strip()[-200:]}"
+    return path, ""
+
+
+def recipe_rows(report, results):
+    """The recipe goals' rows: (goal, figure, holds)."""
+    mine, base = report["summary"]["default"], report["summary"]["base-default"]
+    ratio = mine["iterations"]["mean"] / base["iterations"]["mean"]
+    bound = 1.47 if cpu_has_bf16() else 1.52
+    val, below = mine["val_loss"]["mean"], report["paired"]["mean"]
+    logs = glob.glob(os.path.join(results, "recipe-runs", "default-seed*", "train.log"))  # this checkout's runs
+    warned = [path for path in logs if BUSY.search(open(path, errors="replace").read())]
+    return [("iterations in 190 s >= 2x the base's", f"{ratio:.2f}x ({mine['iterations']['mean']:,.0f} against "
+             f"{base['iterations']['mean']:,.0f})", ratio >= 2),
+            (f"val loss <= {bound}", f"{val:.4f} (the base {base['val_loss']['mean']:.4f})", val <= bound),
+            ("val loss >= 0.05 below the base's", f"{below:.3f} below, paired by seed", below >= 0.05),
+            ("no busy warning on an idle machine", f"{len(warned)} of {len(logs)} runs warned", not warned)]
+
+
+def rows_from(goal, report, results):
+    """A goal's rows, (goal, figure, holds), from the JSON its command wrote."""
+    if goal == "recipe":
+        return recipe_rows(report, results)
+    if goal == "loop":
+        overhead = report["variants"][0]["loop_overhead"]
+        return [("train.py's loop <= 5 % beyond its step", f"{overhead:+.1%}", overhead <= 0.05)]
+    if goal == "execution":
+        speed = {v["execution"]: v["tokens_per_s"] for v in report["variants"]}
+        ratio = speed["default"] / speed["nanogpt"]
+        return [("execution >= 1.5x nanoGPT's tokens/s", f"{ratio:.2f}x", ratio >= 1.5)]
+    rows = [(f"{name.replace('_vs_', ' >= ')} x {r['min']:g}",
+             f"{r['value']:.2f}x" + ("" if r["applies"] else " (not as stated: not a goal's figure)"),
+             r["holds"] if r["applies"] else None)
+            for name, r in report["requirements"].items()
+            if not name.endswith("_vs_no_cache")]  # the cache against none: not in the table (block_size 256)
+    return rows + [("the same greedy tokens", "yes" if report["greedy_identical"] else "no",
+                    report["greedy_identical"])]
+
+
+def run_determinism(cfg, results):
+    """Two train.py runs of one seed: their rows."""
+    argv = ["train.py", "--max_seconds=0", f"--max_iters={3 if cfg.smoke else 100}", "--eval_iters=5", "--device=cpu",
+            "--overwrite=true"] + (["--compile=false", *TOY_MODEL] if cfg.smoke else [])
+    dirs = [os.path.join(results, f"determinism-run{i}") for i in (1, 2)]
+    for i, out_dir in enumerate(dirs, 1):
+        if run_logged(argv + [f"--out_dir={out_dir}"], os.path.join(results, f"determinism-{i}.log")):
+            return [("two runs of one seed: identical weights", f"run {i} failed (determinism-{i}.log)", False)]
+    weights = [torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in dirs]
+    same = weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    return [("two runs of one seed: identical weights", "identical" if same else "DIFFERENT", same)]
+
+
+def measure(goal, cfg, results, base, no_base):
+    """Run goal's command: its rows, or one row that says why there are none (no_base: why base is None)."""
+    if goal == "determinism":
+        return run_determinism(cfg, results)
+    if goal == "recipe" and base is None:
+        return [("the recipe against the base", f"not run: {no_base}", None)]
+    argv, out = commands(goal, cfg, results, base)
+    status = run_logged(argv, os.path.join(results, f"{goal}.log"))
+    if status or not os.path.exists(out):
+        return [(goal, f"failed: exit {status} ({goal}.log)", None)]
+    with open(out) as f:
+        return rows_from(goal, json.load(f), results)
+
+
+def main(cfg):
+    goals = split_list(cfg.goals, "goals", allowed=GOALS)
+    slug = re.sub(r"[^a-z0-9]+", "-", machine_info("cpu")["cpu"].lower()).strip("-")
+    results = os.path.dirname(out_path(os.path.join(cfg.results or os.path.join(RESULTS, f"goals-{slug}"),
+                                                    "goals.json"), "goals", "cpu"))
+    os.makedirs(results, exist_ok=True)
+    info = machine_info("cpu")
+    print_machine(info)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        base, no_base = base_worktree(cfg.base_commit, scratch) if "recipe" in goals else (None, "")
+        try:
+            for goal in goals:
+                rows += [(goal, *row) for row in measure(goal, cfg, results, base, no_base)]
+        finally:
+            if base:
+                subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT, capture_output=True)
+    print("\n" + md_table(["goal", "what", "figure", "holds"],
+                          [[g, what, figure, "-" if holds is None else holds_or_not(holds)]
+                           for g, what, figure, holds in rows]))
+    if cfg.smoke:
+        print("(smoke: toy sizes; these figures say nothing of the goals)")
+    write_json(os.path.join(results, "goals.json"),
+               {"benchmark": "goals", "machine": info, "config": asdict(cfg),
+                "rows": [dict(goal=g, what=w, figure=f, holds=h) for g, w, f, h in rows]})
+
+
+if __name__ == "__main__":
+    run(main, parse(GoalsBench, sys.argv[1:]))
