@@ -44,6 +44,7 @@ BASE_COMMIT = "e3eff70"  # the goal table's base: the code before the compiled s
 TOY_MODEL = ["--n_layer=1", "--n_head=2", "--n_embd=32"]
 BUSY = re.compile(r"another process is busy|: not cached")  # the busy check's warning, the peak probe's note
 TRAIN_EVAL = "--eval_interval=1000 --eval_iters=200"  # as the goal table's recipe runs
+RECIPE_RUNS = "recipe-runs"  # the recipe's work_dir, in the scratch folder
 
 
 @dataclass
@@ -54,13 +55,14 @@ class GoalsBench:
     smoke: bool = False  # every command at toy sizes, in a minute or two: tests this script; no real figures
 
 
-def commands(goal, cfg, results, base):
-    """The argv (after the interpreter) that measures goal, and the JSON it writes."""
+def commands(goal, cfg, results, scratch, base):
+    """The argv (after the interpreter) that measures goal, and the JSON it writes (in results; the recipe's
+    checkpoints in scratch, not beside the kept results)."""
     out, toy = os.path.join(results, f"{goal}.json"), cfg.smoke
     if goal == "recipe":
         train_args = " ".join([TRAIN_EVAL] + (["--compile=false", *TOY_MODEL] if toy else []))
         argv = ["bench/recipe.py", "--configs=default", f"--base_repo={base}", f"--train_args={train_args}",
-                f"--work_dir={os.path.join(results, 'recipe-runs')}"]
+                f"--work_dir={os.path.join(scratch, RECIPE_RUNS)}"]
         toy_sizes = ["--max_seconds=2", "--seeds=1337", "--eval_batches=2", "--train_eval_iters=1"]
     elif goal == "loop":
         argv = ["bench/train.py", "--variants=none", f"--loop={2 if toy else 50}"]
@@ -103,13 +105,13 @@ def base_worktree(commit, where):
     return path, ""
 
 
-def recipe_rows(report, results):
-    """The recipe goals' rows: (goal, figure, holds)."""
+def recipe_rows(report, runs):
+    """The recipe goals' rows: (goal, figure, holds); runs: the folder of its runs' out_dirs."""
     mine, base = report["summary"]["default"], report["summary"]["base-default"]
     ratio = mine["iterations"]["mean"] / base["iterations"]["mean"]
     bound = 1.47 if cpu_has_bf16() else 1.52
     val, below = mine["val_loss"]["mean"], report["paired"]["mean"]
-    logs = glob.glob(os.path.join(results, "recipe-runs", "default-seed*", "train.log"))  # this checkout's runs
+    logs = glob.glob(os.path.join(runs, "default-seed*", "train.log"))  # this checkout's runs, not the base's
     warned = [path for path in logs if BUSY.search(open(path, errors="replace").read())]
     return [("iterations in 190 s >= 2x the base's", f"{ratio:.2f}x ({mine['iterations']['mean']:,.0f} against "
              f"{base['iterations']['mean']:,.0f})", ratio >= 2),
@@ -118,10 +120,11 @@ def recipe_rows(report, results):
             ("no busy warning on an idle machine", f"{len(warned)} of {len(logs)} runs warned", not warned)]
 
 
-def rows_from(goal, report, results):
-    """A goal's rows, (goal, figure, holds), from the JSON its command wrote."""
+def rows_from(goal, report, recipe_runs):
+    """A goal's rows, (goal, figure, holds), from the JSON its command wrote; recipe_runs: where the recipe's
+    runs trained."""
     if goal == "recipe":
-        return recipe_rows(report, results)
+        return recipe_rows(report, recipe_runs)
     if goal == "loop":
         overhead = report["variants"][0]["loop_overhead"]
         return [("train.py's loop <= 5 % beyond its step", f"{overhead:+.1%}", overhead <= 0.05)]
@@ -138,11 +141,11 @@ def rows_from(goal, report, results):
                     report["greedy_identical"])]
 
 
-def run_determinism(cfg, results):
-    """Two train.py runs of one seed: their rows."""
+def run_determinism(cfg, results, scratch):
+    """Two train.py runs of one seed, their checkpoints in scratch: their rows."""
     argv = ["train.py", "--max_seconds=0", f"--max_iters={3 if cfg.smoke else 100}", "--eval_iters=5", "--device=cpu",
             "--overwrite=true"] + (["--compile=false", *TOY_MODEL] if cfg.smoke else [])
-    dirs = [os.path.join(results, f"determinism-run{i}") for i in (1, 2)]
+    dirs = [os.path.join(scratch, f"determinism-run{i}") for i in (1, 2)]
     for i, out_dir in enumerate(dirs, 1):
         if run_logged(argv + [f"--out_dir={out_dir}"], os.path.join(results, f"determinism-{i}.log")):
             return [("two runs of one seed: identical weights", f"run {i} failed (determinism-{i}.log)", False)]
@@ -151,18 +154,18 @@ def run_determinism(cfg, results):
     return [("two runs of one seed: identical weights", "identical" if same else "DIFFERENT", same)]
 
 
-def measure(goal, cfg, results, base, no_base):
+def measure(goal, cfg, results, scratch, base, no_base):
     """Run goal's command: its rows, or one row that says why there are none (no_base: why base is None)."""
     if goal == "determinism":
-        return run_determinism(cfg, results)
+        return run_determinism(cfg, results, scratch)
     if goal == "recipe" and base is None:
         return [("the recipe against the base", f"not run: {no_base}", None)]
-    argv, out = commands(goal, cfg, results, base)
+    argv, out = commands(goal, cfg, results, scratch, base)
     status = run_logged(argv, os.path.join(results, f"{goal}.log"))
     if status or not os.path.exists(out):
         return [(goal, f"failed: exit {status} ({goal}.log)", None)]
     with open(out) as f:
-        return rows_from(goal, json.load(f), results)
+        return rows_from(goal, json.load(f), os.path.join(scratch, RECIPE_RUNS))
 
 
 def main(cfg):
@@ -178,7 +181,7 @@ def main(cfg):
         base, no_base = base_worktree(cfg.base_commit, scratch) if "recipe" in goals else (None, "")
         try:
             for goal in goals:
-                rows += [(goal, *row) for row in measure(goal, cfg, results, base, no_base)]
+                rows += [(goal, *row) for row in measure(goal, cfg, results, scratch, base, no_base)]
         finally:
             if base:
                 subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT, capture_output=True)
