@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 if __name__ == "__main__":  # run as a script, bench/ is on sys.path: the repository's modules are one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,7 +113,7 @@ def recipe_rows(report, runs):
     bound = 1.47 if cpu_has_bf16() else 1.52
     val, below = mine["val_loss"]["mean"], report["paired"]["mean"]
     logs = glob.glob(os.path.join(runs, "default-seed*", "train.log"))  # this checkout's runs, not the base's
-    warned = [path for path in logs if BUSY.search(open(path, errors="replace").read())]
+    warned = [path for path in logs if BUSY.search(Path(path).read_text(errors="replace"))]
     return [("iterations in 190 s >= 2x the base's", f"{ratio:.2f}x ({mine['iterations']['mean']:,.0f} against "
              f"{base['iterations']['mean']:,.0f})", ratio >= 2),
             (f"val loss <= {bound}", f"{val:.4f} (the base {base['val_loss']['mean']:.4f})", val <= bound),
@@ -170,11 +171,11 @@ def measure(goal, cfg, results, scratch, base, no_base):
 
 def main(cfg):
     goals = split_list(cfg.goals, "goals", allowed=GOALS)
-    slug = re.sub(r"[^a-z0-9]+", "-", machine_info("cpu")["cpu"].lower()).strip("-")
+    info = machine_info("cpu")
+    slug = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
     results = os.path.dirname(out_path(os.path.join(cfg.results or os.path.join(RESULTS, f"goals-{slug}"),
                                                     "goals.json"), "goals", "cpu"))
     os.makedirs(results, exist_ok=True)
-    info = machine_info("cpu")
     print_machine(info)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
