@@ -17,7 +17,7 @@ from attention import MultiHeadAttention, check_backend
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.tokenizer import tokenizer_from_meta
 from helpers import assert_causal_weights, assert_dropout, backends_that_run_on_a_cpu, check_ok
-from model import GPT, MLP, GPTConfig, make_norm, sample_next
+from model import GPT, HF_GPT2_ARCHITECTURE, MLP, GPTConfig, gpt2_activation, make_norm, sample_next
 from optim import configure_optimizers
 
 CPU_BACKENDS = ["manual", "sdpa", "flash"]
@@ -362,9 +362,41 @@ def test_crop_block_size_keeps_logits_and_causality(backend):
         with pytest.raises(ValueError, match=rf"block_size must be a positive whole number, got {size}"):
             model.crop_block_size(size)
     assert model.config.block_size == 8 and model.transformer.wpe.weight.shape[0] == 8
+    model.crop_block_size(8)  # the context it has: what train.py asks for GPT-2 at its full block_size
+    assert model.config.block_size == 8
+
+
+def test_a_rope_model_tells_orders_apart():
+    """Without a learned table, positions reach the model only through attention's rotation: a one-layer model
+    would see the tokens before its last as a set (the same logits in any order) unless GPT hands every block
+    the rotation of its positions."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16, bias=False,
+                          pos_embedding="rope")).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # large weights: sharp attention, far from GPT-2's near-uniform start
+            p.normal_(0.0, 0.5)
+        last = [model(torch.tensor([order]))[0][0, -1] for order in ([1, 2, 3, 4, 5], [3, 1, 4, 2, 5])]
+    assert (last[0] - last[1]).abs().max() > 1e-2, "the order of the earlier tokens made no difference"
 
 
 # --------------------------------------------------------------------------- GPT-2 parity
+
+
+@pytest.mark.parametrize("name", [None, *HF_GPT2_ARCHITECTURE["activation_function"]])
+def test_each_gpt2_activation_name_runs_transformers_own_function(name):
+    """Each activation a Hugging Face GPT-2 config.json may name is run as transformers runs it; a config.json
+    that names none gets GPT2Config's default."""
+    from transformers import GPT2Config
+    from transformers.activations import ACT2FN
+
+    hf = {} if name is None else {"activation_function": name}
+    mlp = MLP(GPTConfig(n_embd=4, n_head=1, mlp_ratio=1, bias=False, activation=gpt2_activation(hf, "a-gpt2")))
+    with torch.no_grad():  # both projections the identity: the MLP is its activation alone
+        mlp.c_fc.weight.copy_(torch.eye(4))
+        mlp.c_proj.weight.copy_(torch.eye(4))
+        x = torch.linspace(-6, 6, 1000).view(250, 4)
+        torch.testing.assert_close(mlp(x), ACT2FN[name or GPT2Config().activation_function](x), atol=1e-6, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -815,6 +847,24 @@ def test_sample_next_small_top_p_keeps_only_the_argmax():
     g = torch.Generator().manual_seed(1)
     for _ in range(20):
         assert torch.equal(sample_next(logits, 1.0, top_p=1e-3, generator=g), logits.argmax(-1, keepdim=True))
+
+
+def test_sample_next_top_p_keeps_the_smallest_set_that_reaches_it():
+    """Two tokens of probability exactly 0.5: top_p=0.5 is reached by one of them, so the other never comes."""
+    logits = torch.tensor([[0.0, 0.0, -1e9]])
+    g = torch.Generator().manual_seed(0)
+    assert len({int(sample_next(logits, 1.0, top_p=0.5, generator=g)) for _ in range(200)}) == 1
+
+
+def test_a_one_token_context_samples_as_a_bigram_model():
+    """block_size=1: each token sees only the one before it, and the window moves by one token, never by none."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=8, block_size=1, n_layer=1, n_head=1, n_embd=8)).eval()
+    with torch.no_grad():
+        cached = model.generate(torch.tensor([[3]]), 4, temperature=0)
+        assert torch.equal(cached, model.generate(torch.tensor([[3]]), 4, temperature=0, use_kv_cache=False))
+        step = {int(t): int(model(torch.tensor([[t]]))[0][0, -1].argmax()) for t in range(8)}  # the bigram table
+    assert cached[0].tolist() == [3, step[3], step[step[3]], step[step[step[3]]], step[step[step[step[3]]]]]
 
 
 def test_sample_next_top_k_and_top_p_keep_the_right_sets():
