@@ -82,14 +82,21 @@ def commands(goal, cfg, results, scratch, base):
     return argv + (toy_sizes if toy else []) + ["--device=cpu", f"--out={out}"], out
 
 
-def run_logged(argv, log_path, cwd=ROOT):
-    """Run [python, *argv] in cwd, its output shown and kept in log_path; its exit status."""
+def portable(text, scratch):
+    """text without this machine's folders, as a kept log is written: the repository's path left out, the
+    scratch folder's written <scratch>, the home folder's ~."""
+    return text.replace(ROOT + os.sep, "").replace(scratch, "<scratch>").replace(os.path.expanduser("~"), "~")
+
+
+def run_logged(argv, log_path, scratch):
+    """Run [python, *argv] in the repository, its output shown and kept in log_path (portable); its exit status."""
     print(f"\n=== {' '.join(argv)}", flush=True)
-    with open(log_path, "w") as log, subprocess.Popen([sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE,
+    with open(log_path, "w") as log, subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
                                                       stderr=subprocess.STDOUT, text=True) as proc:
+        log.write(portable(f"=== {' '.join(argv)}\n", scratch))
         for line in proc.stdout:
             sys.stdout.write(line)
-            log.write(line)
+            log.write(portable(line, scratch))
     return proc.returncode
 
 
@@ -148,7 +155,7 @@ def run_determinism(cfg, results, scratch):
             "--overwrite=true"] + (["--compile=false", *TOY_MODEL] if cfg.smoke else [])
     dirs = [os.path.join(scratch, f"determinism-run{i}") for i in (1, 2)]
     for i, out_dir in enumerate(dirs, 1):
-        if run_logged(argv + [f"--out_dir={out_dir}"], os.path.join(results, f"determinism-{i}.log")):
+        if run_logged(argv + [f"--out_dir={out_dir}"], os.path.join(results, f"determinism-{i}.log"), scratch):
             return [("two runs of one seed: identical weights", f"run {i} failed (determinism-{i}.log)", False)]
     weights = [torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in dirs]
     same = weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
@@ -162,7 +169,7 @@ def measure(goal, cfg, results, scratch, base, no_base):
     if goal == "recipe" and base is None:
         return [("the recipe against the base", f"not run: {no_base}", None)]
     argv, out = commands(goal, cfg, results, scratch, base)
-    status = run_logged(argv, os.path.join(results, f"{goal}.log"))
+    status = run_logged(argv, os.path.join(results, f"{goal}.log"), scratch)
     if status or not os.path.exists(out):
         return [(goal, f"failed: exit {status} ({goal}.log)", None)]
     with open(out) as f:

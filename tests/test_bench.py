@@ -894,4 +894,8 @@ def test_the_goal_script_runs_each_goal_at_toy_sizes(tmp_path):
     assert not [r for r in rows if "fail" in r["figure"] or "not run" in r["figure"]], rows
     assert rows[-1]["figure"] == "identical" and rows[-1]["holds"] is True
     assert not list(tmp_path.rglob("*.pt")), list(tmp_path.rglob("*.pt"))
+    logs = {path.name: path.read_text() for path in tmp_path.glob("*.log")}
+    assert set(logs) == {"recipe.log", "loop.log", "determinism-1.log", "determinism-2.log"}, logs.keys()
+    kept_paths = [name for name, text in logs.items() if ROOT in text or re.search(r"/tmp\w*/tmp\w+", text)]
+    assert not kept_paths, logs  # the checkout's and the scratch folder's paths left out: logs are kept in the repo
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
