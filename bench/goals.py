@@ -2,7 +2,7 @@
 The goal table's column for this CPU (bench/README.md, "The speed and quality goals, by CPU class"), in one
 command: each goal's own measurement run as a subprocess, its output and JSON kept, the column printed last.
 
-    python bench/goals.py                                # ~40 min on a 2-core CPU
+    python bench/goals.py                                # ~30 min on a 2-core CPU, most of it the recipe
     python bench/goals.py --goals=loop,sample            # some of them
     python bench/goals.py --smoke=true --base_commit=HEAD --results=/tmp/g    # toy sizes: tests this script
 
