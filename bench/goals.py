@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bench.benchutil import (RESULTS, ROOT, holds_or_not, machine_info, md_table, out_path, parse, print_machine,
-                             run, split_list, write_json)
+from bench.benchutil import (RESULTS, ROOT, holds_or_not, machine_info, md_table, parse, print_machine, run,
+                             split_list, write_json)
+from configurator import fail
 from hardware import cpu_has_bf16
 
 GOALS = ("recipe", "loop", "execution", "sample", "gpt2", "determinism")
@@ -49,6 +50,20 @@ RECIPE_RUNS = "recipe-runs"  # the recipe's work_dir, in the scratch folder
 
 
 @dataclass
+class Folders:
+    results: str  # kept: each goal's JSON and log, and the column
+    scratch: str  # thrown away at the end: the base's worktree, the runs' checkpoints
+
+    def portable(self, text):
+        """text as a kept log is written, naming no folder of this machine: the results' written <results>, the
+        scratch folder's <scratch>, the checkout's left out, and the home folder's ~ where a path starts with it."""
+        for path, name in ((self.results, "<results>"), (self.scratch, "<scratch>"), (ROOT + os.sep, "")):
+            text = text.replace(path, name)
+        home = os.path.expanduser("~")
+        return text.replace(home + os.sep, "~" + os.sep) if home.strip(os.sep) else text
+
+
+@dataclass
 class GoalsBench:
     goals: str = ",".join(GOALS)  # which goals, comma-separated (see the top)
     base_commit: str = BASE_COMMIT  # the commit the recipe's iterations and val loss are compared with
@@ -56,14 +71,14 @@ class GoalsBench:
     smoke: bool = False  # every command at toy sizes, in a minute or two: tests this script; no real figures
 
 
-def commands(goal, cfg, results, scratch, base):
-    """The argv (after the interpreter) that measures goal, and the JSON it writes (in results; the recipe's
-    checkpoints in scratch, not beside the kept results)."""
-    out, toy = os.path.join(results, f"{goal}.json"), cfg.smoke
+def commands(goal, cfg, folders, base):
+    """The argv (after the interpreter) that measures goal, and the JSON it writes (among the results; the
+    recipe's checkpoints in the scratch folder, not beside the kept results)."""
+    out, toy = os.path.join(folders.results, f"{goal}.json"), cfg.smoke
     if goal == "recipe":
         train_args = " ".join([TRAIN_EVAL] + (["--compile=false", *TOY_MODEL] if toy else []))
         argv = ["bench/recipe.py", "--configs=default", f"--base_repo={base}", f"--train_args={train_args}",
-                f"--work_dir={os.path.join(scratch, RECIPE_RUNS)}"]
+                f"--work_dir={os.path.join(folders.scratch, RECIPE_RUNS)}"]
         toy_sizes = ["--max_seconds=2", "--seeds=1337", "--eval_batches=2", "--train_eval_iters=1"]
     elif goal == "loop":
         argv = ["bench/train.py", "--variants=none", f"--loop={2 if toy else 50}"]
@@ -82,21 +97,16 @@ def commands(goal, cfg, results, scratch, base):
     return argv + (toy_sizes if toy else []) + ["--device=cpu", f"--out={out}"], out
 
 
-def portable(text, scratch):
-    """text without this machine's folders, as a kept log is written: the repository's path left out, the
-    scratch folder's written <scratch>, the home folder's ~."""
-    return text.replace(ROOT + os.sep, "").replace(scratch, "<scratch>").replace(os.path.expanduser("~"), "~")
-
-
-def run_logged(argv, log_path, scratch):
-    """Run [python, *argv] in the repository, its output shown and kept in log_path (portable); its exit status."""
+def run_logged(argv, log_name, folders):
+    """Run [python, *argv] in the repository, its output shown and kept among the results as log_name (portable);
+    its exit status."""
     print(f"\n=== {' '.join(argv)}", flush=True)
-    with open(log_path, "w") as log, subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.STDOUT, text=True) as proc:
-        log.write(portable(f"=== {' '.join(argv)}\n", scratch))
+    with open(os.path.join(folders.results, log_name), "w") as log, subprocess.Popen(
+            [sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        log.write(folders.portable(f"=== {' '.join(argv)}\n"))
         for line in proc.stdout:
             sys.stdout.write(line)
-            log.write(portable(line, scratch))
+            log.write(folders.portable(line))
     return proc.returncode
 
 
@@ -109,13 +119,36 @@ def base_worktree(commit, where):
         return None, f"git worktree add {commit} failed: {(made.stderr.strip() or made.stdout.strip())[:200]}"
     prepared = subprocess.run([sys.executable, "data/prepare.py"], cwd=path, capture_output=True, text=True)
     if prepared.returncode:
-        return None, f"data/prepare.py at {commit} failed: {prepared.stdout.strip()[-200:]}"
+        remove_worktree(path)
+        said = (prepared.stderr.strip() or prepared.stdout.strip() or f"exit {prepared.returncode}").splitlines()
+        return None, f"data/prepare.py at {commit} failed: {said[-1][:200]}"
     return path, ""
+
+
+def remove_worktree(path):
+    subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ROOT, capture_output=True)
+
+
+def check_base_commit(commit):
+    """One line and exit 2, before anything runs, unless git knows commit here (the recipe checks it out)."""
+    try:
+        known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], cwd=ROOT,
+                               capture_output=True).returncode == 0
+    except OSError:  # no git at all
+        known = False
+    if not known:
+        others = ",".join(g for g in GOALS if g != "recipe")
+        fail(f"base_commit={commit!r} is not a commit of this git checkout: the recipe goal checks it out; give one "
+             f"that `git log` lists, or leave the recipe out (--goals={others})")
 
 
 def recipe_rows(report, runs):
     """The recipe goals' rows: (goal, figure, holds); runs: the folder of its runs' out_dirs."""
     mine, base = report["summary"]["default"], report["summary"]["base-default"]
+    unfinished = [who for who, s in (("this checkout", mine), ("the base", base)) if not s["iterations"]["n"]]
+    if unfinished or not (report["paired"] or {}).get("n"):
+        who = " or ".join(unfinished) or "both checkouts with one seed"
+        return [("the recipe against the base", f"failed: no run of {who} finished (recipe.log)", None)]
     ratio = mine["iterations"]["mean"] / base["iterations"]["mean"]
     bound = 1.47 if cpu_has_bf16() else 1.52
     val, below = mine["val_loss"]["mean"], report["paired"]["mean"]
@@ -149,50 +182,72 @@ def rows_from(goal, report, recipe_runs):
                     report["greedy_identical"])]
 
 
-def run_determinism(cfg, results, scratch):
-    """Two train.py runs of one seed, their checkpoints in scratch: their rows."""
+def run_determinism(cfg, folders):
+    """Two train.py runs of one seed, their checkpoints in the scratch folder: their rows."""
     argv = ["train.py", "--max_seconds=0", f"--max_iters={3 if cfg.smoke else 100}", "--eval_iters=5", "--device=cpu",
             "--overwrite=true"] + (["--compile=false", *TOY_MODEL] if cfg.smoke else [])
-    dirs = [os.path.join(scratch, f"determinism-run{i}") for i in (1, 2)]
+    dirs = [os.path.join(folders.scratch, f"determinism-run{i}") for i in (1, 2)]
     for i, out_dir in enumerate(dirs, 1):
-        if run_logged(argv + [f"--out_dir={out_dir}"], os.path.join(results, f"determinism-{i}.log"), scratch):
+        if run_logged(argv + [f"--out_dir={out_dir}"], f"determinism-{i}.log", folders):
             return [("two runs of one seed: identical weights", f"run {i} failed (determinism-{i}.log)", False)]
     weights = [torch.load(os.path.join(d, "ckpt.pt"), weights_only=True)["model"] for d in dirs]
     same = weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     return [("two runs of one seed: identical weights", "identical" if same else "DIFFERENT", same)]
 
 
-def measure(goal, cfg, results, scratch, base, no_base):
-    """Run goal's command: its rows, or one row that says why there are none (no_base: why base is None)."""
+def measure(goal, cfg, folders, base, no_base):
+    """Run goal's command: its rows, or one row that says why there are none (no_base: why base is None). A
+    script that wrote its JSON and then exited with an error (sample.py, when the greedy tokens differ) still
+    gives its rows; a JSON without a figure the goal needs (a variant that failed) is a failed row."""
     if goal == "determinism":
-        return run_determinism(cfg, results, scratch)
+        return run_determinism(cfg, folders)
     if goal == "recipe" and base is None:
         return [("the recipe against the base", f"not run: {no_base}", None)]
-    argv, out = commands(goal, cfg, results, scratch, base)
-    status = run_logged(argv, os.path.join(results, f"{goal}.log"), scratch)
-    if status or not os.path.exists(out):
+    argv, out = commands(goal, cfg, folders, base)
+    if os.path.exists(out):  # an earlier run's, which a failure now must not pass for its own
+        os.remove(out)
+    status = run_logged(argv, f"{goal}.log", folders)
+    if not os.path.exists(out):
         return [(goal, f"failed: exit {status} ({goal}.log)", None)]
     with open(out) as f:
-        return rows_from(goal, json.load(f), os.path.join(scratch, RECIPE_RUNS))
+        report = json.load(f)
+    try:
+        return rows_from(goal, report, os.path.join(folders.scratch, RECIPE_RUNS))
+    except (KeyError, ZeroDivisionError) as e:
+        return [(goal, f"failed: {goal}.json lacks a figure ({type(e).__name__}: {e}; see {goal}.log)", None)]
+
+
+def results_folder(given, slug):
+    """The absolute folder for the results (given, else bench/results/goals-<slug>), made and checked writable
+    here, before anything runs: one line and exit 2 where it cannot be."""
+    path = os.path.abspath(given or os.path.join(RESULTS, f"goals-{slug}"))
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"results={given or path}: is a file, not a folder; pick another path")
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=path).cleanup()
+    except OSError as e:
+        fail(f"results={given or path}: cannot make or write that folder ({e.strerror or e}); pick another place")
+    return path
 
 
 def main(cfg):
     goals = split_list(cfg.goals, "goals", allowed=GOALS)
+    if "recipe" in goals:
+        check_base_commit(cfg.base_commit)
     info = machine_info("cpu")
-    slug = re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-")
-    results = os.path.dirname(out_path(os.path.join(cfg.results or os.path.join(RESULTS, f"goals-{slug}"),
-                                                    "goals.json"), "goals", "cpu"))
-    os.makedirs(results, exist_ok=True)
+    results = results_folder(cfg.results, re.sub(r"[^a-z0-9]+", "-", info["cpu"].lower()).strip("-"))
     print_machine(info)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
+        folders = Folders(results, scratch)
         base, no_base = base_worktree(cfg.base_commit, scratch) if "recipe" in goals else (None, "")
         try:
             for goal in goals:
-                rows += [(goal, *row) for row in measure(goal, cfg, results, scratch, base, no_base)]
+                rows += [(goal, *row) for row in measure(goal, cfg, folders, base, no_base)]
         finally:
             if base:
-                subprocess.run(["git", "worktree", "remove", "--force", base], cwd=ROOT, capture_output=True)
+                remove_worktree(base)
     print("\n" + md_table(["goal", "what", "figure", "holds"],
                           [[g, what, figure, "-" if holds is None else holds_or_not(holds)]
                            for g, what, figure, holds in rows]))

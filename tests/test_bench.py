@@ -835,9 +835,9 @@ def test_the_goal_column_holds_exactly_at_each_goals_bound(tmp_path, monkeypatch
     import bench.goals as goals
 
     def recipe(iterations, val, below):
-        summary = {"iterations": {"mean": iterations}, "val_loss": {"mean": val}}
-        base = {"iterations": {"mean": 3500}, "val_loss": {"mean": 1.55}}
-        return {"summary": {"default": summary, "base-default": base}, "paired": {"mean": below}}
+        summary = {"iterations": {"n": 3, "mean": iterations}, "val_loss": {"n": 3, "mean": val}}
+        base = {"iterations": {"n": 3, "mean": 3500}, "val_loss": {"n": 3, "mean": 1.55}}
+        return {"summary": {"default": summary, "base-default": base}, "paired": {"n": 3, "mean": below}}
 
     def verdicts(goal, report):
         return [holds for *_, holds in goals.rows_from(goal, report, str(tmp_path))]
@@ -845,6 +845,11 @@ def test_the_goal_column_holds_exactly_at_each_goals_bound(tmp_path, monkeypatch
     monkeypatch.setattr(goals, "cpu_has_bf16", lambda: True)
     assert verdicts("recipe", recipe(7000, 1.47, 0.05)) == [True, True, True, True]
     assert verdicts("recipe", recipe(6999, 1.4701, 0.0499)) == [False, False, False, True]
+    no_base = recipe(7000, 1.4, 0.1)
+    no_base["summary"]["base-default"] = {"iterations": {"n": 0}, "val_loss": {"n": 0}}
+    no_base["paired"] = {"n": 0}
+    assert goals.rows_from("recipe", no_base, str(tmp_path)) == [
+        ("the recipe against the base", "failed: no run of the base finished (recipe.log)", None)]
     monkeypatch.setattr(goals, "cpu_has_bf16", lambda: False)
     assert verdicts("recipe", recipe(7000, 1.52, 0.05))[1] is True
     assert verdicts("recipe", recipe(7000, 1.5201, 0.05))[1] is False
@@ -867,12 +872,54 @@ def test_the_goal_column_holds_exactly_at_each_goals_bound(tmp_path, monkeypatch
                                                           ("the same greedy tokens", False)]
 
 
+def test_a_goal_keeps_the_rows_its_script_wrote_and_only_those(tmp_path, monkeypatch):
+    """A script that wrote its JSON and then exited with an error (sample.py, when the greedy tokens differ) gives
+    its rows, the failed check among them; a JSON without a figure the goal needs is a failed row, not a
+    traceback that loses the column; an earlier run's JSON never passes for this one's."""
+    import bench.goals as goals
+
+    results = tmp_path / "results"
+    results.mkdir()
+    folders = goals.Folders(str(results), str(tmp_path / "scratch"))
+    out = results / "goal.json"
+
+    def measured(goal, report, status):
+        script = tmp_path / "script.py"
+        write = f"json.dump({report!r}, open({str(out)!r}, 'w'))\n" if report is not None else ""
+        script.write_text(f"import json, sys\n{write}sys.exit({status})\n")
+        monkeypatch.setattr(goals, "commands", lambda goal, cfg, folders, base: ([str(script)], str(out)))
+        return goals.measure(goal, goals.GoalsBench(), folders, None, "")
+
+    nanogpt = {"min": 3.0, "value": 3.5, "applies": True, "holds": True}
+    assert measured("sample", {"requirements": {"kv_cache_vs_nanogpt": nanogpt}, "greedy_identical": False}, 1) == [
+        ("kv_cache >= nanogpt x 3", "3.50x", True), ("the same greedy tokens", "no", False)]
+    speeds = [{"execution": "nanogpt", "tokens_per_s": 1.0}, {"execution": "default", "status": "failed"}]
+    [(_, figure, holds)] = measured("execution", {"variants": speeds}, 0)
+    assert figure.startswith("failed: execution.json lacks a figure") and holds is None, figure
+    assert measured("execution", None, 3) == [("execution", "failed: exit 3 (execution.log)", None)]  # not the last
+
+
+def test_the_goal_script_names_no_folder_of_the_machine_in_its_logs(tmp_path, monkeypatch):
+    import bench.goals as goals
+
+    folders = goals.Folders("/data/r", "/tmp/tmpab12")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert folders.portable(f"--out=/data/r/x.json {goals.ROOT}/bench/a.py /tmp/tmpab12/b /home/u/c") == \
+        "--out=<results>/x.json bench/a.py <scratch>/b ~/c"
+    monkeypatch.setenv("HOME", "/")  # a container's user without a home: every path starts with it
+    assert folders.portable("a/b /usr/lib") == "a/b /usr/lib"
+    monkeypatch.chdir(tmp_path)  # a relative --results is where the user stands, not where the scripts run
+    assert goals.results_folder("rel", "cpu") == str(tmp_path / "rel") and (tmp_path / "rel").is_dir()
+
+
 def test_the_goal_script_says_bad_input_in_one_line(launch, tmp_path):
     (tmp_path / "notes.txt").write_text("")
     for flags, says in ((["--goals=bogus"], "goals: 'bogus' is not one of recipe, loop"),
-                        ([f"--results={tmp_path / 'notes.txt'}"], "is a file, not a folder")):
+                        ([f"--results={tmp_path / 'notes.txt'}"], f"results={tmp_path / 'notes.txt'}: is a file, not"),
+                        (["--base_commit=nope", f"--results={tmp_path}"], "base_commit='nope' is not a commit")):
         proc = launch("bench/goals.py", *flags)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+        assert proc.stdout == "" and not list(tmp_path.glob("*.log")), proc.stdout  # before anything ran
     out = check_ok(launch("bench/goals.py", "--help")).stdout
     described = [name for name in ("goals", "base_commit", "results", "smoke") if re.search(rf"^  --{name}=.*  \S.*\[",
                                                                                                out, re.M)]
@@ -896,6 +943,7 @@ def test_the_goal_script_runs_each_goal_at_toy_sizes(tmp_path):
     assert not list(tmp_path.rglob("*.pt")), list(tmp_path.rglob("*.pt"))
     logs = {path.name: path.read_text() for path in tmp_path.glob("*.log")}
     assert set(logs) == {"recipe.log", "loop.log", "determinism-1.log", "determinism-2.log"}, logs.keys()
-    kept_paths = [name for name, text in logs.items() if ROOT in text or re.search(r"/tmp\w*/tmp\w+", text)]
+    kept_paths = [name for name, text in logs.items() if ROOT in text or str(tmp_path) in text
+                  or re.search(r"/tmp\w*/tmp\w+", text)]
     assert not kept_paths, logs  # the checkout's and the scratch folder's paths left out: logs are kept in the repo
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
