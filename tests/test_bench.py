@@ -947,3 +947,16 @@ def test_the_goal_script_runs_each_goal_at_toy_sizes(tmp_path):
                   or re.search(r"/tmp\w*/tmp\w+", text)]
     assert not kept_paths, logs  # the checkout's and the scratch folder's paths left out: logs are kept in the repo
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
+
+
+def test_a_base_whose_data_cannot_be_prepared_leaves_no_worktree(tmp_path, monkeypatch):
+    """The base is a git worktree with its own data: where its data/prepare.py fails, the worktree is removed at
+    once (the recipe is then a row saying why), not left registered in the checkout."""
+    import bench.goals as goals
+
+    listed = lambda: subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    before = listed()
+    monkeypatch.setattr(goals.sys, "executable", "false")  # `false data/prepare.py`: a preparation that fails
+    path, why = goals.base_worktree("HEAD", str(tmp_path))
+    assert path is None and why == "data/prepare.py at HEAD failed: exit 1", why
+    assert listed() == before
