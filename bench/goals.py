@@ -24,6 +24,7 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -245,6 +246,9 @@ def main(cfg):
         try:
             for goal in goals:
                 rows += [(goal, *row) for row in measure(goal, cfg, folders, base, no_base)]
+        except KeyboardInterrupt:  # not run()'s line: the goals that finished did write their results
+            fail(f"interrupted: the goals that finished kept their JSON and log in {results}; no column was written",
+                 status=128 + signal.SIGINT)
         finally:
             if base:
                 remove_worktree(base)

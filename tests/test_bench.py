@@ -521,6 +521,29 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
     assert (tmp_path / "runs" / "default-seed1" / "ckpt.pt").exists(), log.read_text()  # the run saved its work
 
 
+def test_the_goal_script_stopped_by_ctrl_c_says_what_it_kept(tmp_path):
+    """Ctrl-C during a goal: one line, exit 130, saying that the goals before it kept their results (not every
+    bench script's "no results were written"), and no column."""
+    import signal
+    proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, "bench/goals.py", "--smoke=true",
+                             "--goals=determinism,loop", f"--results={tmp_path}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:  # until the first goal runs
+            if line.startswith("=== "):
+                break
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 130 and err == (f"error: interrupted: the goals that finished kept their JSON and log in "
+                                              f"{tmp_path}; no column was written\n"), (proc.returncode, err)
+    assert not (tmp_path / "goals.json").exists()
+
+
 @pytest.mark.parametrize("script, args", [
     ("bench/train.py", ["--variants=none", "--compile=false", "--repeats=100000", "--loop=50", "--warmup=0"]),
     ("bench/sample.py", ["--max_new_tokens=100000", "--repeats=1"])], ids=["train", "sample"])
