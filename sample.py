@@ -15,6 +15,10 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while torch loads (a second or two) ends the run at once,
+    # as in any Unix tool, not in a traceback from inside an import; the last lines below put Python's back
+
 import torch
 
 from attention import Backend, check_backend
@@ -461,4 +465,6 @@ def write_samples(model, tokenizer, prompt, ids, cfg):
 
 
 if __name__ == "__main__":
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # set at the top, while the imports ran
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C raises KeyboardInterrupt
     main(config_from_argv(SampleConfig))

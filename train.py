@@ -20,6 +20,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, get_args, get_type_hints
 
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while torch loads (a second or two) ends the run at once,
+    # as in any Unix tool, not in a traceback from inside an import; the last lines below put Python's back
+
 import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -952,4 +956,6 @@ def out_of_memory(cfg, error, checkpointed, building=False):
 
 
 if __name__ == "__main__":
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # set at the top, while the imports ran
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C raises KeyboardInterrupt
     main(config_from_argv(TrainConfig))

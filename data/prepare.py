@@ -37,6 +37,10 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C while numpy loads ends the run at once,
+    # as in any Unix tool, not in a traceback from inside an import; the last lines below put Python's back
+
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -640,4 +644,6 @@ def prepare_or_fail(cfg):
 
 
 if __name__ == "__main__":
+    if signal.getsignal(signal.SIGINT) is signal.SIG_DFL:  # set at the top, while the imports ran
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here Ctrl-C raises KeyboardInterrupt
     main()

@@ -452,6 +452,43 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
         assert resume.count("--init_from=resume") == 1 and resume.endswith(" --init_from=resume"), resume
 
 
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_ctrl_c_while_torch_loads_ends_the_run_without_a_traceback(tmp_path, script):
+    """Ctrl-C in the second or two the script spends importing torch: the process ends by the signal, as any Unix
+    tool does, not with a traceback from deep inside torch's import (nothing has been read or written yet)."""
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", script, f"--out_dir={tmp_path / 'out'}"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,  # Python's own Ctrl-C handling, also where the suite ignores it:
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job
+    try:
+        imported = ""
+        while " torch" not in imported:  # -X importtime writes a line as each module finishes loading
+            line = proc.stderr.readline()
+            assert line, f"torch was never imported: exit {proc.wait()}\n{imported[-3000:]}"
+            imported += line
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches its foreground job
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        kill_quietly(proc)
+    errors = [line for line in stderr.splitlines() if not line.startswith("import time:")]
+    assert "Traceback" not in stdout + stderr and errors == [], "\n".join(errors[-40:])
+    assert proc.returncode == -signal.SIGINT, f"exit {proc.returncode}: the signal came after the imports"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "data/prepare.py"])
+def test_after_its_imports_ctrl_c_is_a_keyboard_interrupt_again(script):
+    """What the test above relies on ends with the imports: from there on a Ctrl-C raises KeyboardInterrupt,
+    which the scripts turn into their one line (a checkpoint saved, a data dir left as it was)."""
+    at_exit = ("import atexit, runpy, signal, sys\n"
+               "atexit.register(lambda: print('handler:', signal.getsignal(signal.SIGINT).__name__))\n"
+               f"sys.argv = [{script!r}, '--help']\nrunpy.run_path({script!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", at_exit], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.splitlines()[-1] == "handler: default_int_handler", describe(proc)
+
+
 SIGNAL_DURING_AGREEMENT = """
 import os, signal, sys
 import torch
