@@ -67,7 +67,7 @@ def check_not_an_out_dir(init_from):
     """ValueError saying how to read it where init_from, given as GPT-2's weights, is a train.py out_dir."""
     if os.path.isfile(ckpt_path(init_from)):
         raise ValueError(f"init_from={init_from!r} is not GPT-2's weights: it holds train.py's ckpt.pt: give "
-                         f"--init_from=resume --out_dir={init_from}")
+                         f"--init_from=resume --out_dir={as_typed(init_from)}")
 
 
 def save_checkpoint(state, path):
@@ -192,7 +192,7 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
         same_dir = same_folder(str(saved.get("data_dir", "")), cfg.data_dir)
         remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
                   "start a new run" if same_dir else
-                  f"resume on the data it was trained on (--data_dir={saved.get('data_dir', '...')})")
+                  f"resume on the data it was trained on (--data_dir={as_typed(saved.get('data_dir', '...'))})")
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
                          f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); {remedy}")
     vocab_size = cfg.vocab_size or meta["vocab_size"]  # set as before (where GPT-2's weights overrode it), or the same

@@ -17,6 +17,7 @@ import io
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import textwrap
@@ -245,15 +246,13 @@ def field_comments(cls):
 
 
 def as_typed(value):
-    """A value as one would type it after --key= (true, none, plain words; quoted where needed, and a newline
-    as bash writes one: $'\\n')."""
+    """A value as one would type it after --key= in a shell (true, none, plain words; quoted where a shell would
+    read it otherwise: a space, &, $, a glob, an empty string; a newline as bash writes one: $'\\n')."""
     if value is None or isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, str) and not value.isprintable():
         return "$'" + "".join(bash_escaped(c) for c in value) + "'"
-    if isinstance(value, str) and (not value or " " in value):
-        return repr(value)
-    return str(value)
+    return shlex.quote(value) if isinstance(value, str) else str(value)
 
 
 def bash_escaped(c):

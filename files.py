@@ -1,6 +1,7 @@
 """
 Writing a file so that a crash at any moment leaves the old file or the new one, never half of one:
-checkpoints, metrics.jsonl, loss.png, the attention page, meta.json and benchmark results; finding
+checkpoints, loss.png, the attention page, meta.json, benchmark results, and metrics.jsonl where a resume
+starts it again (its lines are appended one by one; a crash may tear the last, which its reader skips); finding
 out, before the work, whether a file can be written at all; reading a text file a user named, with
 errors that say which flag named it and what to give instead; reading back what torch.save wrote;
 and standard output whose reader may leave (`python train.py | head -3`) or whose disk fills up; and

@@ -1,6 +1,6 @@
 """
-The whole GPT in one file: a GPT-2 style decoder-only Transformer, sampling with a KV cache, and
-loading of GPT-2 weights in Hugging Face format.
+The whole GPT in one file, but for its attention layer (attention.py, read first): a GPT-2 style
+decoder-only Transformer, sampling with a KV cache, and loading of GPT-2 weights in Hugging Face format.
 
 References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Hugging Face's GPT-2.
 """

@@ -15,7 +15,7 @@ def configure_optimizers(model, optimizer, learning_rate, weight_decay, betas, m
     """optimizer="adamw": AdamW for everything, with weight decay on matrices (Linear weights,
     embeddings) only, not on biases and norms. "muon": Muon (below) for the 2-D weights inside
     the blocks, AdamW for the rest. dtype is the training precision: Muon's Newton-Schulz
-    matmuls run in bf16 where the step does (or on a GPU), else in fp32. Each group keeps its
+    matmuls run in bf16 where the step does (or on CUDA), else in fp32. Each group keeps its
     peak rate as "initial_lr", which set_lr scales."""
     muon_params = [p for p in model.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
     in_muon = {id(p) for p in muon_params}
@@ -57,7 +57,7 @@ def schedule_note(cfg):
     with max_seconds the decay follows the clock (a config's iteration schedule run for a time, as
     bench/recipe.py runs nanoGPT's); max_iters set where the decay follows the clock, so that a run it stops
     ends before its decay does; or a run by iterations that ends before its decay starts (where
-    lr_decay_iters sets the decay's end, max_iters only stops the run, as under the clock). None where
+    lr_decay_iters sets the decay's end, max_iters only stops the run, as under the clock). "" where
     nothing trains (eval_only)."""
     if cfg.eval_only:
         return ""

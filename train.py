@@ -39,7 +39,7 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
                         rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
                         trained_settings, unlock_out_dir)
-from configurator import (check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
+from configurator import (as_typed, check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
                           interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
@@ -412,7 +412,7 @@ def check_data(cfg, data):
                    "python data/prepare.py --tokenizer=gpt2 --input=FILE --out_dir=DIR")
             raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                              f"holds {data.meta['tokenizer']} tokens; prepare such data with `{how}` and give "
-                             f"--data_dir={there}")
+                             f"--data_dir={as_typed(there)}")
 
 
 def load_resume_point(cfg):

@@ -47,8 +47,8 @@ from tqdm.auto import tqdm
 if __name__ == "__main__":  # run as a script, data/ is on sys.path: the repository's modules are one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configurator import (config_from_argv, expand_home, fail, first_line, interrupt_on_sigterm,  # noqa: E402 - after
-                          interrupted_by)  # the sys.path fix above
+from configurator import (as_typed, config_from_argv, expand_home, fail, first_line,  # noqa: E402 - after
+                          interrupt_on_sigterm, interrupted_by)  # the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
@@ -195,7 +195,7 @@ def _existing_files(files):
         raise ValueError("no input files: give --input=a.txt (or a.txt,b.txt)")
     for path in files:
         check_text_file(path, "--input=", instead=f"the text files in it (--input=a.txt,b.txt), or the "
-                                                  f"directory as --dataset={path}")
+                                                  f"directory as --dataset={as_typed(path)}")
     return files
 
 
@@ -245,7 +245,8 @@ def _data_suffix(path):
 def _local_data_files(dataset):
     """{split: [files]} for a local --dataset (file, glob or directory), or None for a Hub name.
     A directory's or a glob's files go to splits by name as datasets does it (train.jsonl,
-    validation.jsonl, ...); files with no split in their name are all "train"."""
+    validation.jsonl, ...); where no name has a split in it, all are "train", and files of no split beside
+    files of one are an error."""
     if os.path.isfile(dataset):
         return {"train": [dataset]}
     if glob.has_magic(dataset):

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1468,16 +1469,21 @@ def test_an_evaluation_takes_a_backend_without_dropout_whatever_dropout_says(tmp
 
 def test_a_train_py_out_dir_given_as_weights_is_named_whatever_the_data(tmp_path, data_dir):
     """--init_from=OUT_DIR of train.py: on GPT-2 tokens too (where init_from is at home), one line saying
-    how to resume it, not that it lacks a config.json."""
+    how to resume it, not that it lacks a config.json; with the folder quoted where a shell would read it
+    otherwise (pasted, `--out_dir=runs & more` ran `--out_dir=runs` in the background)."""
     import numpy as np
 
     import train
-    (tmp_path / "ckpt.pt").write_bytes(b"")
     tokens = np.zeros(100, dtype=np.uint16)
     data = train.Data(tokens, tokens, {"tokenizer": "gpt2", "vocab_size": 50257})
-    with pytest.raises(ValueError, match=rf"is not GPT-2's weights: it holds train.py's ckpt.pt: give "
-                                         rf"--init_from=resume --out_dir={tmp_path}$"):
-        train.check_data(train.TrainConfig(init_from=str(tmp_path), block_size=8), data)
+    for out_dir in (tmp_path, tmp_path / "runs & more"):
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / "ckpt.pt").write_bytes(b"")
+        with pytest.raises(ValueError, match=r"is not GPT-2's weights: it holds train.py's ckpt.pt: give ") as refused:
+            train.check_data(train.TrainConfig(init_from=str(out_dir), block_size=8), data)
+        command = str(refused.value).split(": give ")[-1]
+        assert shlex.split(command) == ["--init_from=resume", f"--out_dir={out_dir}"], command
+        assert command.endswith(f"--out_dir={out_dir}") == (out_dir == tmp_path)  # quoted only where needed
 
 
 def test_a_gpu_is_always_named_with_its_index(monkeypatch):
@@ -2042,14 +2048,17 @@ def test_a_settings_meaning_may_go_on_below_it():
 @pytest.mark.skipif(not shutil.which("bash"), reason="reads the flags back as bash does")
 def test_help_shows_defaults_as_a_shell_takes_them_back():
     """--help's flag column is what one would type: bash reads sample.py's --start (a newline) back as the
-    default itself, and the same for text with a quote and a space in it."""
+    default itself, and the same for text with a quote and a space in it, or what bash would read as its own
+    (&, $, a glob: a resume note's --data_dir=/data/t&x, pasted, ran the command before the & in the background)."""
     from configurator import as_typed, help_text
     from sample import SampleConfig
     flag = next(line.split()[0] for line in help_text(SampleConfig).splitlines() if line.startswith("  --start="))
-    for typed, value in ((flag, "--start=\n"), (f"--x={as_typed(chr(9) + 'it' + chr(39) + 's so')}", "--x=\tit's so"),
-                         (f"--x={as_typed('é' + chr(10))}", "--x=é\n")):
+    texts = [chr(9) + "it" + chr(39) + "s so", "é" + chr(10), "/data/t&x", "$HOME/a;b", "q(1) *.txt", "it's \\ \"so\"",
+             "", "plain/path-1.5"]
+    for typed, value in [(flag, "--start=\n"), *((f"--x={as_typed(text)}", f"--x={text}") for text in texts)]:
         read = subprocess.run(["bash", "-c", f"printf %s {typed}"], capture_output=True, text=True, check=True).stdout
         assert read == value, (typed, read)
+    assert as_typed("plain/path-1.5") == "plain/path-1.5"  # quoted only where needed
 
 
 def test_sampling_on_a_cpu_runs_bf16_weights_only_once_they_outgrow_its_cache(monkeypatch):
