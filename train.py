@@ -42,7 +42,8 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
 from configurator import (as_typed, check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
                           interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
-from data.prepare import SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command, prepare_default_corpus
+from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
+                          prepare_default_corpus, split_paths)
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
@@ -373,8 +374,9 @@ Data = collections.namedtuple("Data", "train val meta splits", defaults=[None])
 
 
 def load_data(cfg, setup):
-    """The prepared token files (the default corpus is prepared by each machine's first process)."""
-    missing = not os.path.exists(meta_path(cfg.data_dir))
+    """The prepared token files (the default corpus is prepared by each machine's first process, where its
+    folder holds no token files: someone's own, without the meta.json this code writes, are refused, not replaced)."""
+    missing = not any(os.path.exists(path) for path in (meta_path(cfg.data_dir), *split_paths(cfg.data_dir)))
     try:
         if same_folder(cfg.data_dir, SHAKESPEARE_CHAR_DIR) and missing and setup.local_rank == 0:
             print(f"preparing the Shakespeare corpus in {cfg.data_dir} (first run only)")

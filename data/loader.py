@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from configurator import first_line, whole_number
-from data.prepare import TOKEN_DTYPE, meta_path, prepare_command, split_path
+from data.prepare import TOKEN_DTYPE, meta_path, prepare_command, split_path, split_paths
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 
 
@@ -23,8 +23,11 @@ def load_meta(data_dir):
         raise ValueError(f"{path} is not a file (a directory, say); prepare the data again with "
                          f"`{prepare_command(data_dir)}`")
     if not os.path.isfile(path):
+        tokens = [os.path.basename(p) for p in split_paths(data_dir) if os.path.exists(p)]
         why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
                os.path.isfile(os.path.join(data_dir, "meta.pkl")) else
+               f"its {' and '.join(tokens)} came from elsewhere (data/prepare.py writes meta.json with them), or "
+               "a preparation stopped before its end; move them away to keep them" if tokens else
                "it was never prepared or the preparation was interrupted")
         raise ValueError(f"no meta.json in {data_dir}: {why}; run `{prepare_command(data_dir)}`")
     try:
@@ -38,8 +41,9 @@ def load_meta(data_dir):
             raise ValueError("its splits are not {name: {tokens, largest_id, crc32}} with integer values")
     except TokenizerUnavailable:  # the install's fault: preparing the data again would fail the same way
         raise
-    except (ValueError, KeyError, TypeError) as e:  # JSON and UTF-8 errors are ValueErrors
-        why = f"it has no {e} field" if isinstance(e, KeyError) else first_line(e)
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
+        why = (f"it has no {e} field" if isinstance(e, KeyError) else "nested too deep to read"
+               if isinstance(e, RecursionError) else first_line(e))
         raise ValueError(f"{path} is damaged ({why}); prepare the data again with "
                          f"`{prepare_command(data_dir)}`") from None
     return meta

@@ -63,6 +63,11 @@ def split_path(data_dir, split):
     return os.path.join(data_dir, f"{split}.bin")
 
 
+def split_paths(data_dir):
+    """Every token file of a prepared data_dir: train.bin, val.bin."""
+    return [split_path(data_dir, split) for split in SPLITS]
+
+
 def meta_path(data_dir):
     return os.path.join(data_dir, "meta.json")
 # Where the Shakespeare corpus goes without --out_dir, by tokenizer and --plays: a directory each, so that
@@ -181,7 +186,7 @@ def _check_split_sizes(n_train, n_val):
 def _summary(out_dir, meta, n_train, n_val):
     return {"out_dir": out_dir, "vocab_size": meta["vocab_size"], "tokenizer": meta["tokenizer"],
             "train_tokens": n_train, "val_tokens": n_val,
-            "paths": [*(split_path(out_dir, split) for split in SPLITS), meta_path(out_dir)]}
+            "paths": [*split_paths(out_dir), meta_path(out_dir)]}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -445,6 +445,27 @@ def test_the_default_corpus_is_prepared_under_any_spelling_of_its_folder(tmp_pat
         assert prepared[i:] == [spelling.format(here=tmp_path / str(i))] and len(data.train) > 0
 
 
+def test_token_files_of_ones_own_in_the_default_folder_are_refused_not_replaced(tmp_path, monkeypatch):
+    """data/shakespeare_char holding train.bin and val.bin but no meta.json (another tool's, or a nanoGPT checkout's
+    files copied in): train.py's first-run preparation wrote the corpus over them. Now one line, and the files as
+    they were; a folder that holds none of them is prepared as before."""
+    import train
+    monkeypatch.setattr(train, "prepare_default_corpus", lambda data_dir: pytest.fail("prepared over the files"))
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "data" / "shakespeare_char"
+    folder.mkdir(parents=True)
+    for name in ("train.bin", "val.bin"):
+        (folder / name).write_bytes(b"\x01\x00" * 100)
+    for present in (("train.bin", "val.bin"), ("val.bin",)):
+        with pytest.raises(ValueError, match=rf"^no meta.json in data/shakespeare_char: its {' and '.join(present)} "
+                                             r"came from elsewhere .*; move them away to keep them; run "):
+            train.load_data(train.TrainConfig(), setup)
+        assert all((folder / name).read_bytes() == b"\x01\x00" * 100 for name in present)
+        (folder / "train.bin").unlink(missing_ok=True)
+
+
 def test_a_file_given_as_the_data_dir_is_named_as_such(tmp_path):
     (tmp_path / "my.txt").write_text("some text")
     with pytest.raises(ValueError, match=rf"^data_dir {re.escape(str(tmp_path / 'my.txt'))} is a file, not a folder: "

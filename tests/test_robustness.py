@@ -1560,6 +1560,10 @@ CASES = [
          lambda c: ["init_from='gpt2'", "BPE", "char"]),
     Case("meta-not-json", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text("{no"))),
          lambda c: [str(c.dir / "data" / "meta.json"), "damaged"]),
+    # nested deeper than Python's recursion limit: json raises RecursionError, not a ValueError
+    Case("meta-nested-too-deep", lambda c: train_args(
+        c, data=c.broken_data(lambda d: (d / "meta.json").write_text("[" * 100_000))),
+         lambda c: [str(c.dir / "data" / "meta.json"), "damaged", "nested too deep"]),
     Case("meta-vocab_size-a-bool", lambda c: train_args(c, data=c.broken_data(lambda d: (d / "meta.json").write_text(
         json.dumps({**json.loads((d / "meta.json").read_text()), "vocab_size": True})))),
          lambda c: [str(c.dir / "data" / "meta.json"), "damaged", "integer vocab_size"]),
