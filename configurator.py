@@ -126,6 +126,15 @@ def check_types(config):
             raise ValueError(f"{f.name} must be {f.type.__name__}, got {value!r}")
 
 
+def check_folders_named(config, *names):
+    """ValueError for a folder setting given as nothing (--out_dir=), which names no folder: the errors it led to
+    later named none either ("no meta.json in :")."""
+    for name in names:
+        if not getattr(config, name):
+            default = next(f.default for f in dataclasses.fields(config) if f.name == name)
+            raise ValueError(f"{name} is empty; give a folder (the default is --{name}={as_typed(default)})")
+
+
 def expand_home(config, *names):
     """A leading ~ in each named path setting is the home directory (~user's too), as in a shell, which
     expands it only at the start of a word and so never after --key= (bash's own assignments aside)."""

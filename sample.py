@@ -25,7 +25,7 @@ from attention import Backend, check_backend
 from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
-from configurator import check_at_least, config_from_argv, expand_home, fail, first_line
+from configurator import check_at_least, check_folders_named, config_from_argv, expand_home, fail, first_line
 from data.tokenizer import GPT2Tokenizer
 from files import NO_ROOM, OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import (DType, check_threads, device_type_of, last_level_cache_bytes, make_current, memory_bytes,
@@ -77,6 +77,8 @@ class SampleConfig:
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         expand_home(self, "out_dir", "init_from", "attention_map")
         check_init_from(self.init_from, own=("resume",))
+        if self.init_from == "resume":
+            check_folders_named(self, "out_dir")
         if not 0 <= self.seed < 2**63:  # what torch's generators take, and a --key=value integer can be
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.attention_map:

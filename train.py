@@ -39,8 +39,8 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
                         rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
                         trained_settings, unlock_out_dir)
-from configurator import (as_typed, check_at_least, check_positive, config_from_argv, expand_home, fail, first_line,
-                          interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
+from configurator import (as_typed, check_at_least, check_folders_named, check_positive, config_from_argv, expand_home,
+                          fail, first_line, interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
                           prepare_default_corpus, split_paths)
@@ -127,6 +127,7 @@ class TrainConfig(GPTConfig):
                              f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
                              "or to 0 to decay until max_iters")
         check_threads(self.threads)
+        check_folders_named(self, "out_dir", "data_dir")
         expand_home(self, "out_dir", "data_dir", "init_from")
         check_init_from(self.init_from, own=self.OWN_STARTS)
         check_model_settings(self)
