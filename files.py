@@ -19,9 +19,11 @@ import zlib
 
 def cache_home():
     """The user's cache folder: XDG_CACHE_HOME where it is set (Linux's own setting for it) to an absolute
-    path, as its specification asks, else ~/.cache."""
+    path, as its specification asks, else ~/.cache; where no home is known (no HOME, a user id with no entry
+    in /etc/passwd: a container's), .cache in the temporary folder, not a folder named ~ where the run starts."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.path.expanduser("~")  # "~" itself where there is none
+    return xdg if os.path.isabs(xdg) else os.path.join(home if os.path.isabs(home) else tempfile.gettempdir(), ".cache")
 
 
 def atomic_write(path, write):

@@ -26,6 +26,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -2297,6 +2298,16 @@ def test_a_cpu_peak_measured_under_another_torch_is_measured_again(tmp_path, mon
     (tmp_path / "peak.json").write_text(json.dumps({older: 5e12}))
     monkeypatch.setattr(hardware, "measure_cpu_peak", lambda dtype: (5e9, False))
     assert hardware.peak_flops("cpu", torch.float32)[0] == 5e9
+
+
+def test_without_a_home_the_cache_folder_is_in_the_temporary_folder(monkeypatch):
+    """No HOME and a user id that /etc/passwd lacks (a container's): expanduser leaves "~" as it is, and the CPU
+    peak went into a folder named ~ in the working directory, one that `rm -rf ~` would be typed to remove."""
+    from files import cache_home
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # what it does where no home is known
+    assert cache_home() == os.path.join(tempfile.gettempdir(), ".cache")
 
 
 def test_the_cpu_peak_is_kept_in_the_cache_folder_the_environment_names_and_the_tests_keep_their_own(tmp_path,
