@@ -68,12 +68,12 @@ def open_split(data_dir, split, meta=None):
     prepared inside the vocabulary (one pass over the file where meta.json records none: data
     prepared before it did)."""
     path = split_path(data_dir, split)
+    again = prepare_command(data_dir, (meta or {}).get("tokenizer"))
     if os.path.exists(path) and not os.path.isfile(path):
-        raise ValueError(f"{path} is not a file of tokens (a directory, say); prepare the data again with "
-                         f"`{prepare_command(data_dir)}`")
+        raise ValueError(f"{path} is not a file of tokens (a directory, say); prepare the data again with `{again}`")
     if not os.path.isfile(path):
         raise ValueError(f"no {split}.bin in {data_dir}: it was never prepared or the preparation was "
-                         f"interrupted; run `{prepare_command(data_dir)}`")
+                         f"interrupted; run `{again}`")
     size = os.path.getsize(path)
     if size == 0 or size % TOKEN_DTYPE.itemsize:
         raise ValueError(f"{path} is {size} bytes, not a whole number (>0) of {TOKEN_DTYPE.name} tokens: it is "

@@ -88,17 +88,19 @@ def gpt2_data_dir(data_dir):
                  if tokenizer == "char" and same_folder(data_dir, path)), None)
 
 
-def prepare_command(data_dir):
+def prepare_command(data_dir, tokenizer=None):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
-    make it, for any other the form that prepares a text file there."""
-    for (tokenizer, plays), path in SHAKESPEARE_DIRS.items():
+    make it, for any other the form that prepares a text file there, by character where tokenizer (meta.json's,
+    where it can be read) says so: --input's own default is GPT-2's tokens, which a char model's resume refuses."""
+    for (tokens, plays), path in SHAKESPEARE_DIRS.items():
         if same_folder(data_dir, path):
-            flags = (" --tokenizer=gpt2" if tokenizer == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
+            flags = (" --tokenizer=gpt2" if tokens == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
             return f"python data/prepare.py{flags}"
     for path, dataset in HUB_DATA_DIRS.items():
         if same_folder(data_dir, path):
             return f"python data/prepare.py --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
-    return f"python data/prepare.py --input=FILE --out_dir={shlex.quote(data_dir)}"
+    by_character = " --tokenizer=char" if tokenizer == "char" else ""
+    return f"python data/prepare.py --input=FILE{by_character} --out_dir={shlex.quote(data_dir)}"
 
 
 VAL_FRACTION = 0.1

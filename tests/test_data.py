@@ -522,6 +522,11 @@ def test_open_split_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError) as e:  # a command to paste into a shell: a space does not split the path
         load_meta(str(tmp_path / "my data"))
     assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE --out_dir='{tmp_path / 'my data'}'`")
+    # a file of a char-level folder missing: prepared again by character, as the run trained (--input's default,
+    # GPT-2's tokens, made data that its checkpoint then refused); GPT-2's tokens where meta.json says so
+    for kind, flag in (("char", " --tokenizer=char"), ("gpt2", "")):
+        with pytest.raises(ValueError, match=rf"run `python data/prepare.py --input=FILE{flag} --out_dir=\S+/mine`$"):
+            open_split(str(tmp_path / "mine"), "val", {"tokenizer": kind, "vocab_size": 65})
     # a Shakespeare dir missing a file is made again by its own command, not the char corpus's or a text file's
     monkeypatch.setitem(SHAKESPEARE_DIRS, ("gpt2", "tiny"), str(tmp_path / "tiny_gpt2"))
     for read in (lambda d: open_split(d, "val"), load_meta):
