@@ -332,13 +332,18 @@ def check_out_dir(out_dir, resuming, overwrite):
                          "--out_dir, or start again in this one with --overwrite=true")
 
 
-def claim_out_dir(out_dir, checkpoint_bytes):
+def claim_out_dir(out_dir, checkpoint_bytes, resuming=False):
     """Once every check has passed, before training (not after hours of it): out_dir can be written (a 1 MiB
     probe: not read-only), it is this run's alone (lock_out_dir), and it has room for a checkpoint of at least
     checkpoint_bytes once a killed save's temporary file is gone (the lock's holder alone may tell a dead
     writer's from a live one's: another machine's pids are not this one's). Directories made here go again
-    with the lock where the run leaves them empty (stopped before its first save, or refused here)."""
-    with writable_directory(out_dir, "out_dir", room=1 << 20) as made:  # a failed probe leaves no empty out_dir
+    with the lock where the run leaves them empty (stopped before its first save, or refused here). Resuming,
+    another folder holds no checkpoint: the error says to copy this one where it can be written."""
+    instead = "pick another --out_dir"
+    if resuming:
+        instead = (f"copy it to a folder that can be written (cp -r {shlex.quote(out_dir)} NEW) and resume there with "
+                   "--out_dir=NEW, or evaluate it where it is with --eval_only=true")
+    with writable_directory(out_dir, "out_dir", room=1 << 20, instead=instead) as made:  # leaves no empty out_dir
         pass
     lock_out_dir(out_dir, made)
     clear_stale_temporaries(ckpt_path(out_dir))
@@ -347,7 +352,7 @@ def claim_out_dir(out_dir, checkpoint_bytes):
         unlock_out_dir(out_dir)
         raise ValueError(f"out_dir={out_dir!r} has {free / 1e6:,.1f} MB free, and a checkpoint of this model "
                          f"takes at least {checkpoint_bytes / 1e6:,.1f} MB (its weights and optimizer state); "
-                         "free some space, or pick another --out_dir")
+                         f"free some space, or {instead}")
 
 
 def smallest_checkpoint(model):

@@ -113,23 +113,24 @@ def write_probe(folder, size=0):
 
 
 @contextlib.contextmanager
-def writable_directory(path, setting, room=0):
+def writable_directory(path, setting, room=0, instead=None):
     """new_directories(path) for the block, once a file of `room` bytes can be written in it (write_probe).
     Where it cannot (a parent that is a file, a read-only place, no permission, a full disk), a ValueError
-    that names the setting (out_dir, data_dir) and says what to change, and the directories made are gone."""
+    that names the setting (out_dir, data_dir) and says what to change (instead: other than another folder),
+    and the directories made are gone."""
+    instead = instead or f"pick another --{setting}"
     parent = path
     while parent and not os.path.lexists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise ValueError(f"cannot write to {setting}={path!r}: {parent} is not a directory; pick another --{setting}")
+        raise ValueError(f"cannot write to {setting}={path!r}: {parent} is not a directory; {instead}")
     with contextlib.ExitStack() as stack:
         try:
             made = stack.enter_context(new_directories(path))
             write_probe(path, room)
         except OSError as e:
             full = "free some space or " if e.errno in NO_ROOM else ""
-            raise ValueError(f"cannot write to {setting}={path!r}: {e.strerror or e}; {full}pick another "
-                             f"--{setting}") from None
+            raise ValueError(f"cannot write to {setting}={path!r}: {e.strerror or e}; {full}{instead}") from None
         yield made
 
 

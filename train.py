@@ -230,7 +230,7 @@ def main(cfg):
                 note = "\n".join(filter(None, [note, stateless]))
                 del checkpoint  # free its memory
             if setup.master and not cfg.eval_only:
-                claim_out_dir(cfg.out_dir, smallest_checkpoint(model))
+                claim_out_dir(cfg.out_dir, smallest_checkpoint(model), resuming=cfg.init_from == "resume")
         except (ValueError, OSError) as e:
             error = e
         fail_together(error)  # under torchrun, every rank stops if any rank found bad input

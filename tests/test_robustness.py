@@ -1421,6 +1421,24 @@ def test_a_run_refused_an_out_dir_in_use_leaves_the_other_runs_save_alone(tmp_pa
         checkpoint.unlock_out_dir(str(tmp_path))
 
 
+def test_a_read_only_out_dir_to_resume_says_to_copy_it_not_to_pick_another(tmp_path, monkeypatch):
+    """Another out_dir holds no checkpoint to resume: the fix for a read-only one is to copy it (or evaluate it
+    where it is, which writes nothing); a new run's is still another folder."""
+    import checkpoint
+    import files
+
+    def read_only(path, room=0):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(files, "write_probe", read_only)
+    with pytest.raises(ValueError, match=r"Read-only file system; copy it to a folder that can be written \(cp -r "
+                                         r"'\S+/a run' NEW\) and resume there with --out_dir=NEW, or evaluate it "
+                                         r"where it is with --eval_only=true$"):
+        checkpoint.claim_out_dir(str(tmp_path / "a run"), 0, resuming=True)
+    with pytest.raises(ValueError, match=r"Read-only file system; pick another --out_dir$"):
+        checkpoint.claim_out_dir(str(tmp_path / "a run"), 0)
+
+
 def test_an_out_dir_made_read_only_under_the_run_is_given_back_without_a_traceback(tmp_path, monkeypatch):
     """Its .lock cannot be removed: it stays, and the lock (the flock) goes with the file descriptor."""
     import checkpoint

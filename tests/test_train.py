@@ -361,6 +361,24 @@ def test_a_stop_right_before_an_evaluation_keeps_it(tmp_path, data_dir, monkeypa
     assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
 
 
+def test_resuming_in_a_read_only_out_dir_says_to_copy_it(tmp_path, data_dir, capsys, monkeypatch):
+    """train.py's resume asks claim_out_dir for the resume's remedy: another --out_dir holds no checkpoint."""
+    import dataclasses
+    import files
+    import train
+    cfg = tiny_config(data_dir, tmp_path, compile=False, max_iters=2)
+    train.main(cfg)
+
+    def read_only(path, room=0):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(files, "write_probe", read_only)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main(dataclasses.replace(cfg, init_from="resume", max_iters=4))
+    assert "Read-only file system; copy it to a folder that can be written" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("limit", ["max_iters", "max_seconds"])
 def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys, limit):
     """A run that reached max_iters or max_seconds, resumed with the same settings, has nothing to train:
