@@ -24,7 +24,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from configurator import as_typed, first_line, whole_number
+from configurator import as_typed, first_line, run_command, whole_number
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
                    same_folder, writable_directory)
@@ -89,7 +89,7 @@ def load_checkpoint(path):
     if not os.path.isfile(path):
         out_dir = os.path.dirname(path)
         there = "" if same_folder(out_dir, OUT_DIR) else f" --out_dir={shlex.quote(out_dir)}"
-        raise ValueError(f"no checkpoint at {path}; train one first with `python train.py{there}` "
+        raise ValueError(f"no checkpoint at {path}; train one first with `{run_command('train.py')}{there}` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
     try:
         with warnings.catch_warnings():  # damage makes torch warn on its way (a pickle protocol, TypedStorage)

@@ -254,6 +254,15 @@ def field_comments(cls):
     return comments
 
 
+REPOSITORY = os.path.dirname(os.path.abspath(__file__))  # where train.py, sample.py and data/ are
+
+
+def run_command(script):
+    """`python SCRIPT`, for a message that names a command to run: the repository's script as the working
+    directory reaches it (sample.py in the repository, ../gpt/sample.py from beside it)."""
+    return "python " + shlex.quote(os.path.relpath(os.path.join(REPOSITORY, script)))
+
+
 def as_typed(value):
     """A value as one would type it after --key= in a shell (true, none, plain words; quoted where a shell would
     read it otherwise: a space, &, $, a glob, an empty string; a newline as bash writes one: $'\\n')."""

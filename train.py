@@ -40,7 +40,8 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
                         trained_settings, unlock_out_dir)
 from configurator import (as_typed, check_at_least, check_folders_named, check_positive, config_from_argv, expand_home,
-                          fail, first_line, interrupt_on_sigterm, interrupted_by, takes_type, under_torchrun)
+                          fail, first_line, interrupt_on_sigterm, interrupted_by, run_command, takes_type,
+                          under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
                           prepare_default_corpus, split_paths)
@@ -412,7 +413,7 @@ def check_data(cfg, data):
         if data.meta["tokenizer"] != "gpt2":
             there = gpt2_data_dir(cfg.data_dir) or "DIR"  # the same plays in GPT-2's tokens, or text of one's own
             how = (prepare_command(there) if there != "DIR" else
-                   "python data/prepare.py --tokenizer=gpt2 --input=FILE --out_dir=DIR")
+                   f"{run_command('data/prepare.py')} --tokenizer=gpt2 --input=FILE --out_dir=DIR")
             raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                              f"holds {data.meta['tokenizer']} tokens; prepare such data with `{how}` and give "
                              f"--data_dir={as_typed(there)}")
@@ -780,7 +781,7 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
     if setup.master:
         print(f"done: {state.iter_num} iterations in {state.clock.seconds():.1f} s of training; checkpoint "
               f"{ckpt_path(cfg.out_dir)}, the last weights (best val loss on the way {state.best_val_loss:.4f}); "
-              f"sample with: python sample.py --out_dir={shlex.quote(cfg.out_dir)}")
+              f"sample with: {run_command('sample.py')} --out_dir={shlex.quote(cfg.out_dir)}")
     logger.close()
 
 

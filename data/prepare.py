@@ -48,7 +48,7 @@ if __name__ == "__main__":  # run as a script, data/ is on sys.path: the reposit
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import (as_typed, config_from_argv, expand_home, fail, first_line,  # noqa: E402 - after
-                          interrupt_on_sigterm, interrupted_by)  # the sys.path fix above
+                          interrupt_on_sigterm, interrupted_by, run_command)  # the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
@@ -95,12 +95,12 @@ def prepare_command(data_dir, tokenizer=None):
     for (tokens, plays), path in SHAKESPEARE_DIRS.items():
         if same_folder(data_dir, path):
             flags = (" --tokenizer=gpt2" if tokens == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
-            return f"python data/prepare.py{flags}"
+            return f"{run_command('data/prepare.py')}{flags}"
     for path, dataset in HUB_DATA_DIRS.items():
         if same_folder(data_dir, path):
-            return f"python data/prepare.py --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
+            return f"{run_command('data/prepare.py')} --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
     by_character = " --tokenizer=char" if tokenizer == "char" else ""
-    return f"python data/prepare.py --input=FILE{by_character} --out_dir={shlex.quote(data_dir)}"
+    return f"{run_command('data/prepare.py')} --input=FILE{by_character} --out_dir={shlex.quote(data_dir)}"
 
 
 VAL_FRACTION = 0.1

@@ -425,9 +425,13 @@ def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkey
     ("data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=data/openwebtext"),
     ("my_corpus", "python data/prepare.py --input=FILE --out_dir=my_corpus")])
 def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
+    """The command as typed where the run started: here, outside the repository, prepare.py's path from there."""
     monkeypatch.chdir(tmp_path)  # where none of them is prepared
+    prepare = os.path.relpath(os.path.join(ROOT, "data", "prepare.py"))
+    command = command.replace("data/prepare.py", prepare)
     with pytest.raises(ValueError, match=rf"never prepared .*; run `{re.escape(command)}`$"):
         load_meta(data_dir.format(here=tmp_path))
+    assert os.path.isfile(prepare) and prepare.startswith("..")
 
 
 def test_the_default_corpus_is_prepared_under_any_spelling_of_its_folder(tmp_path, monkeypatch):
@@ -479,9 +483,10 @@ def test_a_folder_nanogpt_prepared_is_named_as_such(tmp_path, monkeypatch):
     (tmp_path / "data" / "openwebtext").mkdir(parents=True)
     for name in ("train.bin", "val.bin", "meta.pkl"):
         (tmp_path / "data" / "openwebtext" / name).write_bytes(b"")
+    prepare = re.escape(os.path.relpath(os.path.join(ROOT, "data", "prepare.py")))  # from here, outside the repository
     with pytest.raises(ValueError, match=r"^no meta.json in data/openwebtext: it was prepared by nanoGPT \(its "
                                          r"meta.pkl\), whose files this code does not read; run "
-                                         r"`python data/prepare.py --dataset=Skylion007/openwebtext "
+                                         rf"`python {prepare} --dataset=Skylion007/openwebtext "
                                          r"--out_dir=data/openwebtext`$"):
         load_meta("data/openwebtext")
 

@@ -361,6 +361,18 @@ def test_a_stop_right_before_an_evaluation_keeps_it(tmp_path, data_dir, monkeypa
     assert all(torch.equal(a["model"][name], b["model"][name]) for name in a["model"])
 
 
+def test_the_sample_command_at_the_end_runs_from_where_the_run_started(tmp_path, data_dir, capsys, monkeypatch):
+    """`python sample.py` in the repository; from another folder the path to it (pasted there, `python sample.py`
+    found no such file)."""
+    import train
+    for where, script in ((ROOT, "sample.py"), (tmp_path, os.path.relpath(os.path.join(ROOT, "sample.py"), tmp_path))):
+        monkeypatch.chdir(where)
+        train.main(tiny_config(data_dir, tmp_path / "out", compile=False, max_iters=1, overwrite=True))
+        last = capsys.readouterr().out.splitlines()[-1]
+        assert last.endswith(f"; sample with: python {script} --out_dir={tmp_path / 'out'}"), last
+        assert os.path.isfile(script)
+
+
 def test_resuming_in_a_read_only_out_dir_says_to_copy_it(tmp_path, data_dir, capsys, monkeypatch):
     """train.py's resume asks claim_out_dir for the resume's remedy: another --out_dir holds no checkpoint."""
     import dataclasses
