@@ -97,7 +97,8 @@ def load_checkpoint(path):
             return load_torch_file(path)
     except NotSavedByTorch:
         raise ValueError(f"{path} is not a checkpoint: truncated, or a file of another kind (torch.save writes "
-                         "a zip archive); train again, or point --out_dir at the run that wrote it") from None
+                         "a zip archive); train again (--overwrite=true replaces it), or point --out_dir at the run "
+                         "that wrote it") from None
     except pickle.UnpicklingError as e:
         lines = [line.strip() for line in str(e).splitlines()]
         named_global = re.search(r"GLOBAL (\S+)", str(e))
@@ -285,7 +286,8 @@ def check_resume_fields(checkpoint, path):
     missing = [key for key in RESUME_FIELDS if key not in checkpoint] if isinstance(checkpoint, dict) else RESUME_FIELDS
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by this train.py (nanoGPT's "
-                         "checkpoints, say, hold only weights this code reads differently); start a new run")
+                         "checkpoints, say, hold only weights this code reads differently); start a new run "
+                         "(--overwrite=true replaces it)")
     wrong = field_problems(checkpoint, RESUME_FIELDS)
     if not wrong:
         wrong = [f"rng lacks {key}" for key in RNG_KEYS if key not in checkpoint["rng"] and key not in NEWER_RNG_KEYS]
@@ -301,7 +303,7 @@ def check_resume_fields(checkpoint, path):
                   if key in checkpoint and not isinstance(checkpoint[key], kinds)]
     if wrong:
         raise ValueError(f"{path} is damaged ({', '.join(wrong)}): resume cannot continue from it; start a new "
-                         "run, or resume from a copy of an earlier checkpoint")
+                         "run (--overwrite=true replaces it), or resume from a copy of an earlier checkpoint")
     checkpoint_tokenizer(checkpoint, path)
 
 
@@ -382,7 +384,8 @@ def lock_out_dir(out_dir, made=()):
             os.close(fd)
             host, _, pid = read_lock(path).partition(" ")
             raise ValueError(f"{out_dir} is in use by process {pid or '?'} on {host or '?'} (see {path}); wait for "
-                             "that run to end or pick another --out_dir") from None
+                             "that run to end (then continue it with --init_from=resume) or pick another "
+                             "--out_dir") from None
         try:  # the file at path may be one a finishing run removed after this process opened it
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break

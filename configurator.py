@@ -331,8 +331,9 @@ def load_config(cls, argv):
         if not os.path.isfile(path) and re.fullmatch(r"[A-Za-z_]\w*=.*", path, re.S):  # nanoGPT's way: key=value
             raise ConfigError(f"{path!r} is neither a config file nor a flag; did you mean --{path}?")
         if not os.path.isfile(path):
-            here = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
-            listed = f"; configs/ has: {', '.join(here)}" if here else ""
+            shipped = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
+            here = [os.path.join("configs", name) for name in shipped]
+            listed = f"; the config files here: {', '.join(here)}" if here else ""  # each as it is given
             raise ConfigError(f"config file {path!r} not found{listed}")
         try:
             with open(path, "rb") as f:

@@ -336,7 +336,7 @@ def load_model(cfg):
     tokenizer = checkpoint_tokenizer(checkpoint, path)
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise ValueError(f"{path} holds non-finite (NaN or inf) weights: the run that wrote it diverged; "
-                         "train again with a lower --learning_rate")
+                         "train again with a lower --learning_rate (and --overwrite=true, which replaces it)")
     check_vocabulary(model, tokenizer, path, "the checkpoint is inconsistent")
     return model, tokenizer
 
@@ -349,7 +349,8 @@ def check_page_size(config, n_prompt, n_new):
         raise ValueError(f"an attention page over {n_prompt + n_new:,} tokens ({n_prompt:,} of the prompt) would be "
                          f"~{size / 2**20:,.0f} MiB, more than a browser opens well "
                          f"({PAGE_MAX_BYTES / 2**20:,.0f} MiB): "
-                         "give a shorter prompt or fewer --max_new_tokens, or draw a picture of its last window (.png)")
+                         "give a shorter prompt or fewer --max_new_tokens, or draw a picture (.png) of the prompt's "
+                         "last window, which continues nothing")
 
 
 def check_model_backend(model, cfg, device, dtype):

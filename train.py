@@ -313,9 +313,9 @@ def set_up(cfg):
     set_up_cpu(cfg.threads, processes_here)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon" and not cfg.eval_only:  # an evaluation steps no optimizer
-        raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
-                         "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run keeps the "
-                         "optimizer it was trained with)")
+        raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; " + (
+            "resume it with --parallelism=ddp (a resumed run keeps the optimizer it was trained with)"
+            if cfg.init_from == "resume" else "use --optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp"))
     accumulation_steps = micro_batches(cfg.gradient_accumulation_steps, world_size)
     if distributed:
         die_with_launcher()
@@ -601,7 +601,7 @@ def load_training_state(state, checkpoint, path, setup):
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, ZeroDivisionError,
             AttributeError) as e:  # fields of the wrong shape
         raise ValueError(f"{path} is damaged ({first_line(e, with_type=True)}): "
-                         "resume cannot continue from it; start a new run") from None
+                         "resume cannot continue from it; start a new run (--overwrite=true replaces it)") from None
     return stateless
 
 
@@ -698,8 +698,8 @@ def evaluation_batches(model, data, cfg, setup):
     if n_batches < cfg.eval_iters and setup.master:
         print(f"note: an evaluation of 2 x {cfg.eval_iters} batches would take "
               f"~{2 * -(-cfg.eval_iters // setup.world_size) * seconds:.0f} s, more than {EVAL_SHARE:.0%} of "
-              f"max_seconds={cfg.max_seconds:g}; each evaluation takes 2 x {n_batches} (--eval_iters asks for fewer, "
-              "--max_seconds=0 for all)")
+              f"max_seconds={cfg.max_seconds:g}; each evaluation takes 2 x {n_batches} (--eval_iters asks for fewer; "
+              "a run counted in iterations, --max_seconds=0 --max_iters=N, takes all)")
     return n_batches
 
 
@@ -954,9 +954,10 @@ def out_of_memory(cfg, error, checkpointed, building=False):
     if building:
         return (f"{said} while building the model (n_layer={cfg.n_layer}, n_embd={cfg.n_embd}, or the weights of "
                 f"init_from={cfg.init_from}): it does not fit in this machine's memory; make it smaller; {kept}")
+    shorter = "" if cfg.init_from == "resume" else ", or lower --block_size"  # a resume keeps the model's
     return (f"{said} with micro-batches of batch_size={cfg.batch_size} x "
             f"block_size={cfg.block_size} tokens; halve --batch_size and double --gradient_accumulation_steps "
-            f"(now {cfg.gradient_accumulation_steps}) to keep the batch, or lower --block_size; {kept}")
+            f"(now {cfg.gradient_accumulation_steps}) to keep the batch{shorter}; {kept}")
 
 
 if __name__ == "__main__":

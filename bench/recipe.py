@@ -53,11 +53,12 @@ import torch
 
 from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, parse, print_machine, resolve_device,
                              run, split_list, write_json)
+from attention import check_backend
 from checkpoint import ckpt_path, load_checkpoint
 from configurator import ConfigError, check_at_least, check_positive, load_config
 from data.loader import Batches, open_split
-from hardware import check_threads, pick_device, separate_cores, usable_cpus
-from train import TrainConfig
+from hardware import check_threads, device_type_of, pick_device, pick_dtype, separate_cores, usable_cpus
+from train import TrainConfig, training_dropout
 
 
 # train.py's settings that recipe.py gives each run (train_args), and the flag of its own that sets each instead
@@ -214,9 +215,10 @@ def check_configs(cfg):
     too_small = [name for name, t in settings.items() if t.block_size < cfg.eval_block_size]
     if too_small:
         fail(f"eval_block_size={cfg.eval_block_size} exceeds the block_size of {', '.join(too_small)}")
-    for name, t in settings.items():  # a device this machine lacks: every run would fail after starting
-        try:
-            pick_device(t.device)
+    for name, t in settings.items():  # a device this machine lacks, or an attention it cannot run: every run
+        try:  # would fail after starting
+            device_type = device_type_of(pick_device(t.device))
+            check_backend(t.attention, device_type, pick_dtype(t.dtype, device_type), training_dropout(t))
         except ValueError as e:
             fail(f"{'the default config' if name == 'default' else name}: {e}")
     if cfg.base_repo:

@@ -672,6 +672,8 @@ def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     ("bench/recipe.py", "--configs=default,configs/finetune_gpt2_shakespeare.toml",
      "the configs train on different data"),
     ("bench/recipe.py", "--parallel=2", "parallel=2 needs --threads=N, the cores each run gets"),
+    ("bench/recipe.py", "--configs=configs/shakespeare_char_gpu.toml",  # flash with dropout, on --device=cpu
+     "configs/shakespeare_char_gpu.toml: PyTorch's FlashAttention kernel on CPU has no dropout"),
     ("bench/recipe.py", "--parallel=100000 --threads=1",
      "parallel=100000 x threads=1 needs 100000 cores; this process"),
     ("bench/recipe.py", "--threads=100000", "threads=100000 is far more than the"),  # every run's train.py's refusal

@@ -135,15 +135,19 @@ def test_fsdp_shards_over_the_training_device_whatever_accelerator_the_machine_h
 
 def test_muon_under_fsdp_is_refused_with_both_ways_out(monkeypatch):
     """Muon needs whole matrices. The advice was --optimizer=adamw alone, which a run trained with Muon
-    cannot resume with (its optimizer state is Muon's): resume's own check then sent the user back."""
+    cannot resume with (its optimizer state is Muon's): resume's own check then sent the user back. A resume
+    is told the one way out it has, a new run both."""
     import train
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(name, value)  # as torchrun starts its first worker
     with pytest.raises(ValueError) as refused:
         train.set_up(train.TrainConfig(parallelism="fsdp", device="cpu", threads=1, init_from="resume"))
+    assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; resume "
+                                  "it with --parallelism=ddp (a resumed run keeps the optimizer it was trained with)")
+    with pytest.raises(ValueError) as refused:
+        train.set_up(train.TrainConfig(parallelism="fsdp", device="cpu", threads=1))
     assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "
-                                  "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp (a resumed run "
-                                  "keeps the optimizer it was trained with)")
+                                  "--optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp")
 
 
 def test_ranks_read_disjoint_batches_that_add_up_to_one_rank():

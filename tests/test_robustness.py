@@ -250,6 +250,7 @@ def test_damaged_checkpoint_is_a_value_error_naming_the_file(tmp_path, damage):
     with pytest.raises(ValueError) as e:  # not KeyError: 101, as torch.load's unpickler said of the text
         load_checkpoint(str(path))
     assert str(e.value).startswith(f"{path} is not a checkpoint: truncated, or a file of another kind"), e.value
+    assert "train again (--overwrite=true replaces it)" in str(e.value)  # a new run there is refused without it
 
 
 @pytest.mark.parametrize("offset", [20, 40], ids=["an unknown opcode", "a string that is not UTF-8"])
@@ -1034,7 +1035,8 @@ def test_an_attention_page_too_large_to_open_is_one_line_before_the_work(trained
     err = capsys.readouterr().err
     assert exit.value.code == 2 and re.fullmatch(r"error: an attention page over 22 tokens \(2 of the prompt\) would "
                                                  r"be ~[\d.,]+ MiB, more than a browser opens well "
-                                                 r".*\(\.png\)\n", err), err
+                                                 r".*or draw a picture \(\.png\) of the prompt's last window, which "
+                                                 r"continues nothing\n", err), err  # a picture draws no new tokens
     assert not (tmp_path / "b.html").exists()
 
 
@@ -1260,6 +1262,8 @@ def test_a_lock_left_by_a_killed_run_names_the_run_that_holds_it_now(tmp_path):
         unlock_out_dir(str(tmp_path))
     assert str(refused.value).startswith(f"{tmp_path} is in use by process {os.getpid()} on {socket.gethostname()} "
                                          f"(see {tmp_path / '.lock'});"), refused.value
+    # once it has ended, its checkpoint refuses a new run there: the line says how to go on from it
+    assert "wait for that run to end (then continue it with --init_from=resume)" in str(refused.value)
 
 
 def test_an_out_dir_belongs_to_one_run_at_a_time(tmp_path, data_dir, launch):
@@ -1622,7 +1626,7 @@ CASES = [
         lambda ck: _set(ck, "optimizer", {}))), lambda c: ["the optimizer state lacks state"]),
     Case("resume-optimizer-state-of-another-model", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "optimizer", {"state": {}, "param_groups": []}))),
-         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run"]),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run (--overwrite=true replaces it)"]),
     Case("resume-config-a-list", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "config", []))), lambda c: ["config is list"]),
     Case("resume-model_config-without-vocab_size", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(

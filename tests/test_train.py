@@ -1119,6 +1119,8 @@ def test_under_a_time_budget_an_evaluation_takes_at_most_a_tenth_of_it(tmp_path,
     note = re.search(r"^note: an evaluation of 2 x 100000 batches would take ~(\d+) s, .*each evaluation takes "
                      r"2 x (\d+) ", out, re.M)
     assert note, out
+    # not "--max_seconds=0" alone, which drops the budget and trains to max_iters' million
+    assert "(--eval_iters asks for fewer; a run counted in iterations, --max_seconds=0 --max_iters=N, takes all)" in out
     whole, cut = map(int, note.groups())
     batch_seconds = whole / (2 * 100000)  # the note's estimate: 2 splits x 100000 batches
     # the cut: per split, the batches that fit in half of a tenth of the 2 s at that speed
@@ -1310,6 +1312,10 @@ def test_a_batch_that_does_not_fit_in_memory_is_one_line_naming_what_to_lower(tm
                        "--batch_size and double --gradient_accumulation_steps (now 1) to keep the batch, or lower "
                        f"--block_size; the last checkpoint, {tmp_path / 'ckpt.pt'}, is kept\n")
     assert load(tmp_path / "ckpt.pt")["iter_num"] == 2
+    import train  # a resume keeps the model's block_size: it is told of the batch alone
+    resumed = train.out_of_memory(tiny_config(data_dir, tmp_path, init_from="resume"), error, checkpointed=True)
+    kept = f"to keep the batch; the last checkpoint, {tmp_path / 'ckpt.pt'}, is kept"
+    assert "block_size" in resumed and "--block_size" not in resumed and resumed.endswith(kept), resumed
 
 
 def test_a_run_that_overwrites_names_no_earlier_runs_checkpoint_as_its_own(tmp_path, data_dir, monkeypatch, capsys):
@@ -1852,11 +1858,15 @@ def test_literal_error_lists_choices(TrainConfig):
     assert all(c in str(e.value) for c in ("float32", "bfloat16", "float16"))
 
 
-def test_missing_file(tmp_path, TrainConfig):
+def test_missing_file(tmp_path, TrainConfig, monkeypatch):
     missing = str(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="not found") as e:
         load_config(TrainConfig, [missing])
     assert missing in str(e.value)
+    monkeypatch.chdir(ROOT)  # the files there are named as they are given, not by their names alone
+    with pytest.raises(ConfigError, match=r"; the config files here: configs/finetune_gpt2_shakespeare.toml, "
+                                          r"configs/gpt2_124m.toml,"):
+        load_config(TrainConfig, ["configs/nope.toml"])
 
 
 def test_invalid_toml(tmp_path, TrainConfig):
