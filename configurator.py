@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import textwrap
@@ -257,10 +258,16 @@ def field_comments(cls):
 REPOSITORY = os.path.dirname(os.path.abspath(__file__))  # where train.py, sample.py and data/ are
 
 
+def python_command():
+    """The interpreter as a command names it: python, or where no python is on PATH (Debian's own Python, say)
+    the name this one was started by, python3."""
+    return "python" if shutil.which("python") else os.path.basename(sys.executable)
+
+
 def run_command(script):
     """`python SCRIPT`, for a message that names a command to run: the repository's script as the working
     directory reaches it (sample.py in the repository, ../gpt/sample.py from beside it)."""
-    return "python " + shlex.quote(os.path.relpath(os.path.join(REPOSITORY, script)))
+    return f"{python_command()} {shlex.quote(os.path.relpath(os.path.join(REPOSITORY, script)))}"
 
 
 def as_typed(value):

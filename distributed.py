@@ -14,7 +14,7 @@ import traceback
 
 import torch
 
-from configurator import fail, under_torchrun
+from configurator import fail, python_command, under_torchrun
 
 
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends (linux/prctl.h)
@@ -98,7 +98,7 @@ def relaunch_command(args):
     """The command line that starts this script again with args: `python train.py ARGS`, or under
     torchrun, torchrun with its own options (read from its process, where Linux shows them)."""
     if not under_torchrun():
-        return shlex.join(["python", os.path.relpath(sys.argv[0]), *args])
+        return shlex.join([python_command(), os.path.relpath(sys.argv[0]), *args])
     return shlex.join(["torchrun", *torchrun_options(), os.path.relpath(sys.argv[0]), *args])
 
 

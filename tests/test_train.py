@@ -373,6 +373,19 @@ def test_the_sample_command_at_the_end_runs_from_where_the_run_started(tmp_path,
         assert os.path.isfile(script)
 
 
+def test_commands_name_python3_where_no_python_is_on_the_path(monkeypatch):
+    """Debian's and Ubuntu's own Python is python3 alone: a pasted `python sample.py` said "command not found"."""
+    import configurator
+    import distributed
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(configurator.shutil, "which", lambda name: None if name == "python" else f"/usr/bin/{name}")
+    monkeypatch.setattr(configurator.sys, "executable", "/usr/bin/python3")
+    assert configurator.run_command("sample.py") == "python3 sample.py"
+    assert distributed.relaunch_command(["--init_from=resume"]).startswith("python3 ")
+    monkeypatch.setattr(configurator.shutil, "which", lambda name: f"/venv/bin/{name}")  # a venv's, say
+    assert configurator.run_command("sample.py") == "python sample.py"
+
+
 def test_resuming_in_a_read_only_out_dir_says_to_copy_it(tmp_path, data_dir, capsys, monkeypatch):
     """train.py's resume asks claim_out_dir for the resume's remedy: another --out_dir holds no checkpoint."""
     import dataclasses
