@@ -252,8 +252,9 @@ def main(cfg):
             fail_alone(out_of_memory(cfg, e, has_checkpoint(cfg, state), building=model is None), status=1)
         stop_if_a_peer_is_gone(e)
         raise
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
+    finally:  # put back only where changed: the call imports inductor's config, which a Ctrl-C amid torch's lazy
+        if torch.are_deterministic_algorithms_enabled() != deterministic:  # imports (building the model) leaves broken
+            torch.use_deterministic_algorithms(deterministic)
         unlock_out_dir(cfg.out_dir)
         try:  # the stop's handlers stay until the group is left: a signal now is noted, not a death mid-barrier
             leave_process_group()

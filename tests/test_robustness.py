@@ -1165,6 +1165,33 @@ def test_a_stop_while_the_default_corpus_is_prepared_is_one_line(tmp_path, sig):
         "error: interrupted while preparing data/shakespeare_char; it holds no data yet: run again to prepare it"]
 
 
+# Ctrl-C landing while building the model first imports torch's compiler (torch._dynamo, torch._inductor), as
+# a finder that raises KeyboardInterrupt there makes it land every time
+CTRL_C_AMID_LAZY_IMPORTS = """
+import runpy, sys
+sys.path.insert(0, ".")  # the repository, as `python train.py` there has it
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torch._inductor."):
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_ctrl_c_amid_torchs_lazy_imports_is_one_line(tmp_path, data_dir):
+    """The half-imported compiler made the cleanup's own call fail: after the right line, a traceback ending in
+    an ImportError, exit status 1, and the out_dir's lock never given back."""
+    (tmp_path / "worker.py").write_text(CTRL_C_AMID_LAZY_IMPORTS)
+    out = tmp_path / "runs" / "out"
+    proc = subprocess.run([sys.executable, str(tmp_path / "worker.py"), *TINY, f"--data_dir={data_dir}",
+                           f"--out_dir={out}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT and proc.stderr == (
+        "error: interrupted before training started; nothing was trained\n"), describe(proc)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_path, data_dir):
     """SIGTERM (a job scheduler's, `timeout`'s) before training starts, here while torch.compile works for
     half a minute: nothing to save, so one line, 128 + SIGTERM, and the out_dir made for this run and its lock
