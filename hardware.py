@@ -219,6 +219,11 @@ def cgroup_memory_bytes():
     return min(limits, default=None)
 
 
+def processes_on_this_machine():
+    """How many processes torchrun started on this machine (1 without it): they share its CPUs."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
 def pick_threads(n, processes_here=1):
     """The setting `threads`: torch's CPU threads. 0: OMP_NUM_THREADS if it is set, else the CPUs
     this process may run on (usable_cpus), shared among the processes torchrun started on this
@@ -530,11 +535,12 @@ class BusyCheck:
             return None
         self.warned = True
         waited = "" if cpus_waiting is None else f", and waited {cpus_waiting:.1f} CPUs' time for a CPU"
-        cpus = usable_cpus()
-        if threads > cpus:  # its own threads take each other's CPUs: no other process needed
-            cause = f"its {threads} threads outnumber the {cpus} CPUs it may use. Run with --threads={cpus}"
-        else:
-            fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
+        cpus, processes = usable_cpus(), processes_on_this_machine()
+        if threads * processes > cpus:  # its own threads take each other's CPUs: no other process needed
+            whose = f"its {threads} threads" if processes == 1 else f"its {processes} processes' {threads} threads each"
+            cause = f"{whose} outnumber the {cpus} CPUs it may use. Run with --threads={max(1, cpus // processes)}"
+        else:  # (not OMP_NUM_THREADS=1: --threads, where given, wins over it)
+            fix = "Run with --threads=1, or stop the other work" if threads > 1 else "Stop it"
             cause = f"another process is busy on these CPUs. {fix}"
         return (f"warning: this run is slow for this machine ({tokens_per_s:,.0f} tokens/s, best so far "
                 f"{self.best_tokens_per_s:,.0f}; it used {cpus_used:.1f} of its {threads} threads' CPU time{waited}): "
@@ -544,5 +550,9 @@ class BusyCheck:
 def threads_text():
     """torch's threads in words, and where they outnumber the CPUs this process may use, that too: they
     then wait for each other, and a run is slower than one thread per CPU."""
-    threads, cpus = torch.get_num_threads(), usable_cpus()
-    return f"{threads} threads" + (f" (more than the {cpus} CPUs it may use)" if threads > cpus else "")
+    threads, cpus, processes = torch.get_num_threads(), usable_cpus(), processes_on_this_machine()
+    named = f"{threads} thread{'s' if threads > 1 else ''}"
+    if threads * processes <= cpus:
+        return named
+    shared = f"x {processes} processes here: " if processes > 1 else ""  # torchrun's, on the same CPUs
+    return f"{named} ({shared}more than the {cpus} CPUs it may use)"

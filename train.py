@@ -48,7 +48,8 @@ from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
-                      make_current, memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
+                      make_current, memory_bytes, pick_device, pick_dtype, processes_on_this_machine,
+                      ran_out_of_memory, set_up_cpu)
 from files import NO_ROOM, NOT_WRITABLE, OutputThatMayClose, check_stdout, same_folder
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
@@ -305,13 +306,13 @@ def set_up(cfg):
     distributed = under_torchrun()
     rank, local_rank, world_size = (int(os.environ.get(k, 0 if k != "WORLD_SIZE" else 1))
                                     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    processes_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine
-    device = process_device(cfg.device, distributed, local_rank, processes_here)
+    processes = processes_on_this_machine()
+    device = process_device(cfg.device, distributed, local_rank, processes)
     make_current(device)  # first: dtype=auto and the attention backends ask the current GPU
     if device.startswith("cuda"):
         enable_tf32()
     dtype = pick_dtype(cfg.dtype, device_type_of(device))
-    set_up_cpu(cfg.threads, processes_here)
+    set_up_cpu(cfg.threads, processes)
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon" and not cfg.eval_only:  # an evaluation steps no optimizer
         raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; " + (

@@ -2262,7 +2262,7 @@ def test_a_run_slowed_by_other_work_says_so_once_with_the_fix(threads, readings,
     warnings = [i for i, out in enumerate(printed) if out]
     assert warnings == ([] if warned_at is None else [warned_at]), printed
     if warned_at is not None:
-        fix = "Run with --threads=1 (or OMP_NUM_THREADS=1), or stop the other work" if threads > 1 else "Stop it"
+        fix = "Run with --threads=1, or stop the other work" if threads > 1 else "Stop it"
         assert printed[warned_at].startswith("warning: ") and printed[warned_at].endswith(f"these CPUs. {fix}")
         assert "\n" not in printed[warned_at]
 
@@ -2282,6 +2282,19 @@ def test_a_run_with_more_threads_than_cpus_is_told_that_and_not_of_another_proce
         torch.set_num_threads(before)
     assert printed[0].endswith("its 2 threads outnumber the 1 CPUs it may use. Run with --threads=1"), printed
     assert "another process" not in printed[0] and printed[1] is None
+    # torchrun's processes on this machine share its CPUs: two of 2 threads each outnumber 2 CPUs, and their
+    # fix is their share, one each (told --threads=2, the run that followed it was slower still)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    try:
+        torch.set_num_threads(2)
+        warning = hardware.BusyCheck(tokens_per_step=2048).judge(1000, 1.0, 0.9)
+        assert hardware.threads_text() == "2 threads (x 2 processes here: more than the 2 CPUs it may use)"
+        torch.set_num_threads(1)
+        assert hardware.threads_text() == "1 thread"
+    finally:
+        torch.set_num_threads(before)
+    assert warning.endswith("its 2 processes' 2 threads each outnumber the 2 CPUs it may use. Run with --threads=1")
 
 
 WAITS_FOR_A_CPU = r"""
