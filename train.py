@@ -146,9 +146,12 @@ def unread_note(cfg, distributed):
     unread = {**{name: f"optimizer={cfg.optimizer}" for name in unused_by_optimizer(cfg)},
               "wandb_project": not cfg.wandb_log and "wandb_log=false",
               "wandb_run_name": not cfg.wandb_log and "wandb_log=false",
-              "parallelism": not distributed and "one process: it applies under torchrun"}
+              "parallelism": not distributed and "one process: it applies under torchrun",
+              # what a run over the checkpoint (--init_from=scratch) takes; a damaged one's error suggests it
+              "overwrite": (cfg.init_from == "resume" and "init_from=resume continues the checkpoint") or
+                           (cfg.eval_only and "eval_only=true writes nothing")}
     defaults = type(cfg)()
-    given = [f"{name}={getattr(cfg, name)} ({why})" for name, why in unread.items()
+    given = [f"{name}={as_typed(getattr(cfg, name))} ({why})" for name, why in unread.items()
              if why and getattr(cfg, name) != getattr(defaults, name)]
     return f"note: not used in this run: {', '.join(given)}" if given else ""
 

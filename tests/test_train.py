@@ -2008,6 +2008,11 @@ def test_settings_a_run_never_reads_are_named(tmp_path, data_dir, capsys):
                            init_from="resume"))
     out = capsys.readouterr().out
     assert "note: max_iters 1 -> 2 since the checkpoint" in out and "muon_lr 0.05" not in out, out
+    # --overwrite=true, which a damaged checkpoint's error suggests for a new run, does nothing for a resume
+    train.main(tiny_config(data_dir, tmp_path / "a", compile=False, max_iters=3, optimizer="adamw", muon_lr=0.07,
+                           init_from="resume", overwrite=True))
+    assert "note: not used in this run: muon_lr=0.07 (optimizer=adamw), overwrite=true (init_from=resume continues " \
+           "the checkpoint)\n" in capsys.readouterr().out
 
 
 def test_too_little_data_for_a_resumed_run_is_not_told_to_change_block_size(TrainConfig):
