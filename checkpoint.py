@@ -211,8 +211,11 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
     before, now = checkpoint.get("splits"), splits or {}  # None in a checkpoint older than the record
     if "data_dir" in was and (same_folder(str(was["data_dir"]), cfg.data_dir) or same_token_files(before, now)):
         del was["data_dir"]  # another spelling of the folder, or a copy of its files: the same tokens
+    # a limit at what the checkpoint has reached would leave nothing to train, which resume refuses: not offered
+    spent = {"max_iters": checkpoint["iter_num"], "max_seconds": checkpoint["trained_seconds"]}
     kept = {name: f" (the default; --{name}={as_typed(value)} keeps the checkpoint's)"  # how to keep it
-            for name, value in was.items() if getattr(cfg, name) == getattr(defaults, name) or name in chosen_here}
+            for name, value in was.items() if (getattr(cfg, name) == getattr(defaults, name) or name in chosen_here)
+            and not (name in spent and 0 < value <= spent[name])}
     changed = [f"{name} {value} -> {getattr(cfg, name)}{kept.get(name, '')}" for name, value in was.items()
                if value != getattr(cfg, name)]
     changed += [f"{cfg.data_dir}'s {name}.bin {token_count(before[name])} -> {token_count(now[name])}"

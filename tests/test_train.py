@@ -538,6 +538,16 @@ def test_a_training_setting_whose_default_changed_says_how_to_keep_it(tmp_path, 
     out = capsys.readouterr().out
     assert "note: learning_rate 0.002 -> 0.001, max_iters 2 -> 3, min_lr 0.0002 -> 0.0 (the default; " \
         "--min_lr=0.0002 keeps the checkpoint's) since the checkpoint;" in out, out
+    # a limit the checkpoint has reached is not offered: kept, it would leave nothing to train (resume refuses)
+    checkpoint = load(tmp_path / "ckpt.pt")
+    checkpoint["config"].update(max_seconds=0.5, max_iters=10**9)  # a run that stopped at its clock's limit
+    checkpoint["trained_seconds"] = 0.5
+    save_checkpoint(checkpoint, tmp_path / "ckpt.pt")
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, max_seconds=190.0, warmup_iters=0,
+                           init_from="resume"))
+    out = capsys.readouterr().out
+    assert "max_seconds 0.5 -> 190.0 since" in out or "max_seconds 0.5 -> 190.0," in out, out
+    assert "--max_seconds=0.5 keeps" not in out, out
 
 
 def test_a_resume_says_how_to_keep_what_auto_chose_for_the_checkpoint(tmp_path, data_dir, capsys):
