@@ -131,10 +131,10 @@ def die_with_launcher():
         os._exit(1)
 
 
-def stop_if_a_peer_is_gone(error):
+def stop_if_a_peer_is_gone(error, kept=""):
     """Under torchrun, if error says another rank has gone (gloo: its connection closed; NCCL: the
-    backend's error), exit now with one line that says so: the one who died has its own log, and
-    nothing here can finish (a save or a barrier would wait for it)."""
+    backend's error), exit now with one line that says so, and what is kept (the last checkpoint): the one
+    who died has its own log, and nothing here can finish (a save or a barrier would wait for it)."""
     text = str(error)
     if not torch.distributed.is_initialized() or not (
             isinstance(error, torch.distributed.DistError) or "closed by peer" in text or "reset by peer" in text):
@@ -143,7 +143,7 @@ def stop_if_a_peer_is_gone(error):
     # reset by peer. This is typically caused by ..."
     said = (text.splitlines() or [""])[0].split("] ", 1)[-1].split(". ")[0][:160]
     fail_alone(f"another process of this torchrun job stopped, so this one cannot go on ({said}); that "
-               "process's log says why")
+               f"process's log says why{'; ' + kept if kept else ''}")
 
 
 def leave_process_group():

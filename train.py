@@ -254,7 +254,7 @@ def main(cfg):
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
         if ran_out_of_memory(e):
             fail_alone(out_of_memory(cfg, e, has_checkpoint(cfg, state), building=model is None), status=1)
-        stop_if_a_peer_is_gone(e)
+        stop_if_a_peer_is_gone(e, what_is_kept(cfg, has_checkpoint(cfg, state)))
         raise
     finally:  # put back only where changed: the call imports inductor's config, which a Ctrl-C amid torch's lazy
         if torch.are_deterministic_algorithms_enabled() != deterministic:  # imports (building the model) leaves broken
@@ -948,10 +948,15 @@ def has_checkpoint(cfg, state):
     return this_runs and os.path.exists(ckpt_path(cfg.out_dir))
 
 
+def what_is_kept(cfg, checkpointed):
+    """What a run that stops on an error leaves: its last checkpoint (has_checkpoint), or nothing."""
+    return f"the last checkpoint, {ckpt_path(cfg.out_dir)}, is kept" if checkpointed else "nothing was saved"
+
+
 def out_of_memory(cfg, error, checkpointed, building=False):
     """The line for a run whose model (while building it), or model and micro-batches, do not fit in
     its device's memory; checkpointed: out_dir holds this run's checkpoint (has_checkpoint)."""
-    kept = f"the last checkpoint, {ckpt_path(cfg.out_dir)}, is kept" if checkpointed else "nothing was saved"
+    kept = what_is_kept(cfg, checkpointed)
     # torch's first words, "CUDA out of memory"; a CPU's allocator says more about itself than about memory
     said = "out of memory"
     if isinstance(error, torch.OutOfMemoryError):

@@ -260,10 +260,11 @@ def test_a_peer_gone_is_said_by_gloos_first_sentence(monkeypatch, capsys):
                          "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in "
                          "the application. Check the logs of the remote worker before reporting an error. GLHF!")
     with pytest.raises(SystemExit) as exit:
-        distributed.stop_if_a_peer_is_gone(error)
+        distributed.stop_if_a_peer_is_gone(error, "the last checkpoint, out/ckpt.pt, is kept")
     assert exit.value.code == 1 and capsys.readouterr().err == (
         "error: another process of this torchrun job stopped, so this one cannot go on (Read error "
-        "[127.0.0.1]:35751: Connection reset by peer); that process's log says why\n")
+        "[127.0.0.1]:35751: Connection reset by peer); that process's log says why; the last checkpoint, "
+        "out/ckpt.pt, is kept\n")
 
 
 def test_a_last_barrier_that_meets_a_gone_peer_is_one_line(monkeypatch, capsys):

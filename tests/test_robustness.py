@@ -706,6 +706,7 @@ def test_when_a_rank_dies_of_a_fault_the_other_stops_at_once_with_one_line(tmp_p
     assert "RuntimeError: a fault on rank 1" in faulty  # a fault: its traceback is the bug report
     lines = [line for line in survivor.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: another process of this torchrun job stopped"), survivor
+    assert lines[0].endswith("that process's log says why; nothing was saved"), survivor  # before the first save
 
 
 def children(pid):
