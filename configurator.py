@@ -260,8 +260,11 @@ REPOSITORY = os.path.dirname(os.path.abspath(__file__))  # where train.py, sampl
 
 def python_command():
     """The interpreter as a command names it: python, or where no python is on PATH (Debian's own Python, say)
-    the name this one was started by, python3."""
-    return "python" if shutil.which("python") else os.path.basename(sys.executable)
+    this one's name (python3) where PATH finds this same one by it, else its whole path (a venv not activated)."""
+    if shutil.which("python"):
+        return "python"
+    name, found = os.path.basename(sys.executable), shutil.which(os.path.basename(sys.executable))
+    return name if found and os.path.realpath(found) == os.path.realpath(sys.executable) else sys.executable
 
 
 def run_command(script):

@@ -537,8 +537,11 @@ class BusyCheck:
         waited = "" if cpus_waiting is None else f", and waited {cpus_waiting:.1f} CPUs' time for a CPU"
         cpus, processes = usable_cpus(), processes_on_this_machine()
         if threads * processes > cpus:  # its own threads take each other's CPUs: no other process needed
-            whose = f"its {threads} threads" if processes == 1 else f"its {processes} processes' {threads} threads each"
-            cause = f"{whose} outnumber the {cpus} CPUs it may use. Run with --threads={max(1, cpus // processes)}"
+            each = f"{threads} thread{'s' if threads > 1 else ''} each"
+            whose = f"its {threads} threads" if processes == 1 else f"its {processes} processes' {each}"
+            fix = (f"Run with --threads={cpus // processes}" if processes <= cpus else  # one thread each is too many
+                   f"Start at most {cpus} processes here (--nproc_per_node={cpus}), with --threads=1")
+            cause = f"{whose} outnumber the {cpus} CPUs it may use. {fix}"
         else:  # (not OMP_NUM_THREADS=1: --threads, where given, wins over it)
             fix = "Run with --threads=1, or stop the other work" if threads > 1 else "Stop it"
             cause = f"another process is busy on these CPUs. {fix}"

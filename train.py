@@ -319,8 +319,9 @@ def set_up(cfg):
     fsdp = distributed and cfg.parallelism == "fsdp"
     if fsdp and cfg.optimizer == "muon" and not cfg.eval_only:  # an evaluation steps no optimizer
         raise ValueError("optimizer='muon' needs whole matrices and does not run on FSDP's shards; " + (
-            "resume it with --parallelism=ddp (a resumed run keeps the optimizer it was trained with)"
-            if cfg.init_from == "resume" else "use --optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp"))
+            "resume a run trained with Muon with --parallelism=ddp (a resumed run keeps its optimizer), one trained "
+            "with AdamW with --optimizer=adamw" if cfg.init_from == "resume" else
+            "use --optimizer=adamw with --parallelism=fsdp, or --parallelism=ddp"))
     accumulation_steps = micro_batches(cfg.gradient_accumulation_steps, world_size)
     if distributed:
         die_with_launcher()
@@ -765,7 +766,8 @@ def train(cfg, setup, data, state, wrapped_model, logger, stop):
                 save(state, cfg, data, setup, stopped(signum, state), final=True)  # written, or every rank has failed
                 logger.saved()
             if setup.master:
-                again = [arg for arg in sys.argv[1:] if arg != "--init_from=resume"]  # a resumed run's says it once
+                again = [arg for arg in sys.argv[1:]  # a resumed run's says it once; a resume reads no --overwrite
+                         if arg != "--init_from=resume" and not arg.startswith("--overwrite=")]
                 print(f"resume with: {relaunch_command([*again, '--init_from=resume'])}")
             sys.exit(128 + signum)
         multiplier = lr_multiplier(cfg, state.iter_num, elapsed)

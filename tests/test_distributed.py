@@ -142,8 +142,9 @@ def test_muon_under_fsdp_is_refused_with_both_ways_out(monkeypatch):
         monkeypatch.setenv(name, value)  # as torchrun starts its first worker
     with pytest.raises(ValueError) as refused:
         train.set_up(train.TrainConfig(parallelism="fsdp", device="cpu", threads=1, init_from="resume"))
-    assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; resume "
-                                  "it with --parallelism=ddp (a resumed run keeps the optimizer it was trained with)")
+    assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; resume a "
+                                  "run trained with Muon with --parallelism=ddp (a resumed run keeps its optimizer), "
+                                  "one trained with AdamW with --optimizer=adamw")
     with pytest.raises(ValueError) as refused:
         train.set_up(train.TrainConfig(parallelism="fsdp", device="cpu", threads=1))
     assert str(refused.value) == ("optimizer='muon' needs whole matrices and does not run on FSDP's shards; use "

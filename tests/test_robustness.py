@@ -420,7 +420,7 @@ def test_sample_loads_a_wrapped_checkpoint(tmp_path):
 def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
-    proc, lines = start_long_run(args)
+    proc, lines = start_long_run([*args, "--overwrite=true"])  # which the resume line leaves out: a resume reads none
     try:
         proc.send_signal(signum)
         rc, stdout, stderr = lines.finish()
@@ -433,6 +433,7 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     assert str(ckpt_path) in text, "it should say where the checkpoint is"
     assert "--init_from=resume" in text, "it should say how to resume"
     assert re.search(r"^resume with: python train\.py .*--init_from=resume$", stdout, re.M), stdout[-2000:]
+    assert "--overwrite" not in next(line for line in stdout.splitlines() if line.startswith("resume with: "))
     assert sorted(os.listdir(out)) == ["ckpt.pt", "loss.png", "metrics.jsonl"]
     stopped_at = load_checkpoint(str(ckpt_path))["iter_num"]
     assert stopped_at > 0
@@ -2296,6 +2297,15 @@ def test_a_run_with_more_threads_than_cpus_is_told_that_and_not_of_another_proce
     finally:
         torch.set_num_threads(before)
     assert warning.endswith("its 2 processes' 2 threads each outnumber the 2 CPUs it may use. Run with --threads=1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # more processes than CPUs: one thread each is still too many
+    try:
+        torch.set_num_threads(1)  # one thread does not wait for another: a window three times slower says it
+        busy = hardware.BusyCheck(tokens_per_step=2048)
+        warning = busy.judge(1000, 1.0, 0.0) or busy.judge(100, 0.3, None)
+    finally:
+        torch.set_num_threads(before)
+    assert warning.endswith("its 3 processes' 1 thread each outnumber the 2 CPUs it may use. Start at most 2 "
+                            "processes here (--nproc_per_node=2), with --threads=1"), warning
 
 
 WAITS_FOR_A_CPU = r"""

@@ -382,6 +382,9 @@ def test_commands_name_python3_where_no_python_is_on_the_path(monkeypatch):
     monkeypatch.setattr(configurator.sys, "executable", "/usr/bin/python3")
     assert configurator.run_command("sample.py") == "python3 sample.py"
     assert distributed.relaunch_command(["--init_from=resume"]).startswith("python3 ")
+    # a venv's python, not activated: PATH finds no python, and its python3.11 is another one
+    monkeypatch.setattr(configurator.sys, "executable", "/home/me/venv/bin/python3.11")
+    assert configurator.run_command("sample.py") == "/home/me/venv/bin/python3.11 sample.py"
     monkeypatch.setattr(configurator.shutil, "which", lambda name: f"/venv/bin/{name}")  # a venv's, say
     assert configurator.run_command("sample.py") == "python sample.py"
 
