@@ -30,6 +30,9 @@ KEPT_PER_FORWARD = 2**24
 
 
 PAGE_MAX_BYTES = 512 * 2**20  # a page larger than this is more than a browser opens well (and takes GiBs to make)
+# each small map of a page is a canvas of tokens x tokens pixels: a browser draws nothing on one wider than this
+# (Chrome's limit; Firefox's is 32,767), and says nothing either
+PAGE_MAX_TOKENS = 16_384
 
 
 def page_bytes(config, n_tokens):
@@ -137,7 +140,9 @@ def plot_attention(weights, labels, path, layer=0, head=0):
     ax = fig.add_subplot(grid[:, n_head:])
     image = ax.imshow(weights[layer][head].float().cpu().numpy(), cmap="viridis", vmin=0, vmax=1)
     # newlines and spaces made visible; a $ literal, where matplotlib would start a formula between two
-    visible = [repr(t)[1:-1].replace(" ", "␣").replace("$", r"\$") for t in labels]
+    # (a byte token's text is escaped already, \xe6: shown as it is, not escaped again)
+    visible = ["".join(c if c.isprintable() else repr(c)[1:-1] for c in t).replace(" ", "␣").replace("$", r"\$")
+               for t in labels]
     ax.set_xticks(range(len(visible)), visible, rotation=90, fontsize=7)
     ax.set_yticks(range(len(visible)), visible, fontsize=7)
     ax.set_xlabel("key (attended to)")

@@ -22,7 +22,8 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 import torch
 
 from attention import Backend, check_backend
-from attention_map import PAGE_MAX_BYTES, PICTURE_FORMATS, page_bytes, plot_attention, write_attention_page
+from attention_map import (PAGE_MAX_BYTES, PAGE_MAX_TOKENS, PICTURE_FORMATS, page_bytes, plot_attention,
+                           write_attention_page)
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
 from configurator import check_at_least, check_folders_named, config_from_argv, expand_home, fail, first_line
@@ -83,7 +84,10 @@ class SampleConfig:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.attention_map:
             folder, extension = os.path.dirname(self.attention_map) or ".", os.path.splitext(self.attention_map)[1]
-            if extension.lower() not in PICTURE_FORMATS:
+            if extension.lower() not in PICTURE_FORMATS:  # (.html alone is a name with no extension)
+                if os.path.isdir(self.attention_map):  # (a directory named attn.html is check_writable's)
+                    raise ValueError(f"{self.attention_map} is a directory; name a file in it, e.g. "
+                                     f"{os.path.join(self.attention_map, 'attn.html')}")
                 raise ValueError(f"attention_map={self.attention_map!r}: the extension picks the format, one of "
                                  f"{', '.join(PICTURE_FORMATS)}")
             if not os.path.isdir(folder):
@@ -213,6 +217,9 @@ def output_closed(error):
 def read_prompt(start):
     """The prompt: the text of --start, or of the file that --start=FILE:path names."""
     if not start.startswith("FILE:"):
+        if any("\udc80" <= c <= "\udcff" for c in start):  # bytes of the command line that are not UTF-8
+            raise ValueError("--start is not UTF-8 text (the terminal's encoding?); give it in UTF-8, or put it in "
+                             "a UTF-8 file and give --start=FILE:path")
         return start
     return read_text_file(os.path.expanduser(start.removeprefix("FILE:")), "--start=FILE:")
 
@@ -343,7 +350,12 @@ def load_model(cfg):
 
 def check_page_size(config, n_prompt, n_new):
     """ValueError if the attention page over the prompt and n_new tokens would be larger than a browser opens
-    well (attention_map.PAGE_MAX_BYTES): it holds every row of the whole text."""
+    well (attention_map.PAGE_MAX_BYTES), or would draw its maps on canvases a browser leaves blank
+    (PAGE_MAX_TOKENS): it holds every row of the whole text."""
+    if n_prompt + n_new > PAGE_MAX_TOKENS:
+        raise ValueError(f"an attention page over {n_prompt + n_new:,} tokens ({n_prompt:,} of the prompt) would draw "
+                         f"each map {n_prompt + n_new:,} pixels wide, which a browser leaves blank (at most "
+                         f"{PAGE_MAX_TOKENS:,}): give a shorter prompt or fewer --max_new_tokens")
     size = page_bytes(config, n_prompt + n_new)
     if size > PAGE_MAX_BYTES:
         raise ValueError(f"an attention page over {n_prompt + n_new:,} tokens ({n_prompt:,} of the prompt) would be "

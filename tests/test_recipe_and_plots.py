@@ -237,6 +237,10 @@ def test_plot_attention_writes_a_dollar_as_a_dollar(tmp_path, drawn_figures):
     assert_picture(tmp_path / "attn.png", (500, 300))
     labels = [label.get_text() for label in drawn_figures[0].axes[-2].get_xticklabels()]  # the large panel's
     assert labels == ["␣\\$\\$", "a\\$b", "\\$"], labels
+    # a newline made visible; a byte token's text, escaped by the tokenizer already, as it is (it read \\xe6)
+    plot_attention(weights, ["\n", "\\xe6", "a\tb"], str(tmp_path / "bytes.png"))
+    labels = [label.get_text() for label in drawn_figures[-1].axes[-2].get_xticklabels()]
+    assert labels == ["\\n", "\\xe6", "a\\tb"], labels
 
 
 def test_a_title_that_holds_the_pages_placeholders_is_only_a_title(tmp_path):

@@ -1021,6 +1021,18 @@ def test_a_stdout_that_fills_up_while_training_stops_the_run_after_a_save(tmp_pa
     assert load_checkpoint(str(out / "ckpt.pt"))["iter_num"] > 100 and not (out / ".lock").exists()
 
 
+def test_an_attention_page_whose_maps_a_browser_leaves_blank_is_refused():
+    """Each small map is a canvas as wide as the text is long: past the browser's limit it is blank, and the page
+    said nothing (a 20,020-token page of the default model: 84 MB, under the byte limit, every map empty)."""
+    import sample
+    from attention_map import PAGE_MAX_TOKENS
+    config = GPTConfig(vocab_size=65, block_size=8, n_layer=1, n_head=1, n_embd=8)
+    sample.check_page_size(config, PAGE_MAX_TOKENS - 10, 10)
+    with pytest.raises(ValueError, match=rf"^an attention page over {PAGE_MAX_TOKENS + 1:,} tokens \(16,000 of the "
+                                         r"prompt\) would draw each map .* which a browser leaves blank"):
+        sample.check_page_size(config, 16_000, PAGE_MAX_TOKENS + 1 - 16_000)
+
+
 def test_an_attention_page_too_large_to_open_is_one_line_before_the_work(trained, tmp_path, monkeypatch, capsys):
     """A long --start=FILE: prompt made a page of hundreds of MB (3 GB of memory, a minute) that no browser
     opens well: refused at once, with its size. Here the limit is lowered to what the default prompt's
@@ -1754,6 +1766,13 @@ CASES = [
     Case("sample-prompt-file-not-text", lambda c: (c.dir / "x.bin").write_bytes(bytes(range(128, 256))) and sample_args(
         c, f"--start=FILE:{c.dir / 'x.bin'}"), lambda c: [f"--start=FILE:{c.dir / 'x.bin'} is not UTF-8 text",
                                                            "give a text file saved as UTF-8"]),
+    # bytes a terminal of another encoding sends: Python keeps them as lone surrogates, which GPT-2's tokenizer
+    # turned into U+FFFD, sampling from a prompt other than the one echoed
+    Case("sample-prompt-not-utf8", lambda c: sample_args(c, "--start=caf\udce9"),
+         lambda c: ["--start is not UTF-8 text (the terminal's encoding?)"]),
+    Case("sample-attention-map-a-directory-named-without-an-extension",
+         lambda c: sample_args(c, f"--attention_map={c.dir}"),
+         lambda c: [f"{c.dir} is a directory; name a file in it, e.g. {c.dir / 'attn.html'}"]),
     Case("sample-prompt-file-a-directory", lambda c: sample_args(c, f"--start=FILE:{c.dir}"),
          lambda c: [f"--start=FILE:{c.dir} is a directory; give a text file in it"]),
     Case("sample-prompt-file-missing", lambda c: sample_args(c, f"--start=FILE:{c.dir / 'prompt.txt'}"),
