@@ -88,6 +88,11 @@ def load_checkpoint(path):
         raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist; point it at a checkpoint")
     if not os.path.isfile(path):
         out_dir = os.path.dirname(path)
+        if os.path.isfile(out_dir):
+            raise ValueError(f"out_dir={out_dir!r} is a file, not a folder; pass --out_dir=DIR holding ckpt.pt")
+        if os.path.isfile(os.path.join(out_dir, "config.json")):  # weights in Hugging Face's format, GPT-2's say
+            raise ValueError(f"{out_dir} holds a config.json, not train.py's ckpt.pt: for Hugging Face weights give "
+                             f"--init_from={as_typed(out_dir)}")
         there = "" if same_folder(out_dir, OUT_DIR) else f" --out_dir={shlex.quote(out_dir)}"
         raise ValueError(f"no checkpoint at {path}; train one first with `{run_command('train.py')}{there}` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")

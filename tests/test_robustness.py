@@ -1768,6 +1768,12 @@ CASES = [
                                                            "give a text file saved as UTF-8"]),
     # bytes a terminal of another encoding sends: Python keeps them as lone surrogates, which GPT-2's tokenizer
     # turned into U+FFFD, sampling from a prompt other than the one echoed
+    Case("sample-out-dir-a-file", lambda c: sample_args(c, out=c.dir / "notes.txt") if (
+        c.dir / "notes.txt").write_text("x") else None, lambda c: [f"out_dir='{c.dir / 'notes.txt'}' is a file"]),
+    Case("sample-out-dir-of-hugging-face-weights", lambda c: sample_args(c, out=c.dir) if (
+        c.dir / "config.json").write_text("{}") else None,
+         lambda c: [f"{c.dir} holds a config.json, not train.py's ckpt.pt: for Hugging Face weights give "
+                    f"--init_from={c.dir}"]),
     Case("sample-prompt-not-utf8", lambda c: sample_args(c, "--start=caf\udce9"),
          lambda c: ["--start is not UTF-8 text (the terminal's encoding?)"]),
     Case("sample-attention-map-a-directory-named-without-an-extension",
