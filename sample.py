@@ -181,6 +181,8 @@ def main(cfg):
     except (RuntimeError, MemoryError) as e:  # check_fits judged by the machine's memory; a limit can be lower
         if not ran_out_of_memory(e):
             raise
+        if not cfg.attention_map:
+            print()  # end the prompt already written, so that the error starts its own line
         fail(f"out of memory with {cfg.rows()} sample(s) of {len(ids) + cfg.new_tokens():,} tokens on {device}; "
              f"{SMALLER_RUN[cfg.made()]}", status=1)
     except OSError as e:  # writing the map (samples go to stdout, whose reader leaving is a stop)

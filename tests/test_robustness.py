@@ -1079,10 +1079,12 @@ def test_sample_py_out_of_memory_is_one_line(trained, monkeypatch, capsys):
 
     monkeypatch.setattr(GPT, "forward", forward_that_runs_out)
     with pytest.raises(SystemExit) as stopped:
-        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", num_samples=3, max_new_tokens=7))
-    err = capsys.readouterr().err
-    assert stopped.value.code == 1 and err == ("error: out of memory with 3 sample(s) of 8 tokens on cpu; ask for "
+        sample.main(sample.SampleConfig(out_dir=str(trained), device="cpu", num_samples=3, max_new_tokens=7,
+                                        start="All:"))
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 1 and err == ("error: out of memory with 3 sample(s) of 11 tokens on cpu; ask for "
                                                "fewer --num_samples or --max_new_tokens\n"), err
+    assert out.endswith("\n"), out  # the prompt echoed before it, ended: on a terminal the error has its own line
 
 
 @pytest.mark.parametrize("name", ["attn.png", "attn.html"])
