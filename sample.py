@@ -151,6 +151,7 @@ def main(cfg):
         check_model_backend(model, cfg, device, dtype)
         if cfg.attention_map:
             check_writable(cfg.attention_map, "attn" + os.path.splitext(cfg.attention_map)[1])
+            check_layer_and_head(model.config, cfg)
         prompt = read_prompt(cfg.start)
         ids = encode_prompt(tokenizer, prompt, cfg.start == type(cfg).start)
         if not ids:
@@ -350,6 +351,14 @@ def load_model(cfg):
     return model, tokenizer
 
 
+def check_layer_and_head(config, cfg):
+    """ValueError unless the model has the layer and head that the attention map draws large."""
+    if not (0 <= cfg.attention_layer < config.n_layer and 0 <= cfg.attention_head < config.n_head):
+        raise ValueError(f"attention_layer={cfg.attention_layer}, attention_head={cfg.attention_head}: this model has "
+                         f"{config.n_layer} layers and {config.n_head} heads; give --attention_layer from 0 to "
+                         f"{config.n_layer - 1} and --attention_head from 0 to {config.n_head - 1}")
+
+
 def check_page_size(config, n_prompt, n_new):
     """ValueError if the attention page over the prompt and n_new tokens would be larger than a browser opens
     well (attention_map.PAGE_MAX_BYTES), or would draw its maps on canvases a browser leaves blank
@@ -401,10 +410,6 @@ def draw_attention(model, tokenizer, ids, cfg):
     """The attention, every layer and head: of the prompt as a picture, or, as an interactive page
     (.html), of the whole text, the prompt and what the model then writes (continuation)."""
     c = model.config
-    if not (0 <= cfg.attention_layer < c.n_layer and 0 <= cfg.attention_head < c.n_head):
-        fail(f"attention_layer={cfg.attention_layer}, attention_head={cfg.attention_head}: this model has {c.n_layer} "
-             f"layers and {c.n_head} heads; give --attention_layer from 0 to {c.n_layer - 1} and --attention_head "
-             f"from 0 to {c.n_head - 1}")
     if cfg.attention_map.lower().endswith(".html"):
         text = ids + continuation(model, tokenizer, ids, cfg)
         title = cfg.init_from if cfg.init_from != "resume" else ckpt_path(cfg.out_dir)

@@ -324,7 +324,9 @@ def test_sample_draws_an_attention_map_from_a_checkpoint(tmp_path, launch):
     assert page.returncode == 0 and page.stderr == "note: --use_kv_cache is not used for an attention page\n"
     samples = launch("sample.py", f"--out_dir={out}", "--attention_layer=1", "--max_new_tokens=3", "--seed=3")
     assert samples.returncode == 0 and samples.stderr == "note: --attention_layer is not used for samples\n"
-    bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5")
+    # bad input is the one line, with no note before it (a setting unread by a picture, here): it is checked with
+    # the rest of the input, not when the picture is drawn
+    bad = launch("sample.py", f"--out_dir={out}", f"--attention_map={png}", "--attention_layer=5", "--max_new_tokens=3")
     assert bad.returncode == 2 and bad.stderr == ("error: attention_layer=5, attention_head=0: this model has 2 "
                                                   "layers and 2 heads; give --attention_layer from 0 to 1 and "
                                                   "--attention_head from 0 to 1\n"), bad.stderr
