@@ -30,8 +30,11 @@ def atomic_write(path, write):
     """write(f) into a temporary file beside path, flush it to disk, then rename it over path:
     readers, and a crash at any moment, see the old file or the new one, never half of one. First
     clears the temporary files of earlier writes of path that were killed (SIGKILL leaves them), never
-    one whose process is still alive (another run writing the same file)."""
-    directory = os.path.dirname(os.path.abspath(path))
+    one whose process is still alive (another run writing the same file). A path that is a symbolic link
+    is written through: its target gets the new content (out_dir/ckpt.pt linked to a larger disk, say), and
+    the link stays; a rename over the link had replaced it, and left its target as it was."""
+    path = os.path.realpath(path)
+    directory = os.path.dirname(path)
     clear_stale_temporaries(path)
     tmp = temporary_path(path, os.getpid())
     try:

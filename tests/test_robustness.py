@@ -1452,6 +1452,20 @@ def test_a_stale_temporary_file_that_cannot_be_removed_is_left(tmp_path, monkeyp
     assert os.path.exists(stale)
 
 
+def test_a_checkpoint_saved_through_a_link_updates_its_target_and_keeps_the_link(tmp_path):
+    """out_dir/ckpt.pt as a link to a file elsewhere (a larger disk): the save went onto the link itself, a
+    regular file in its place on out_dir's disk, and the link's target kept the old iteration without a word."""
+    from checkpoint import load_checkpoint, save_checkpoint
+    (tmp_path / "big").mkdir()
+    (tmp_path / "out").mkdir()
+    save_checkpoint({"iter_num": 1}, str(tmp_path / "big" / "ckpt.pt"))
+    os.symlink(tmp_path / "big" / "ckpt.pt", tmp_path / "out" / "ckpt.pt")
+    save_checkpoint({"iter_num": 2}, str(tmp_path / "out" / "ckpt.pt"))
+    assert os.path.islink(tmp_path / "out" / "ckpt.pt")
+    assert load_checkpoint(str(tmp_path / "big" / "ckpt.pt"))["iter_num"] == 2
+    assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.pt"] and sorted(os.listdir(tmp_path / "big")) == ["ckpt.pt"]
+
+
 def test_a_run_refused_an_out_dir_in_use_leaves_the_other_runs_save_alone(tmp_path):
     """A temporary file whose pid is not alive here may be another machine's (or container's) save in
     progress: only the lock's holder clears one, and a run refused the lock touches none."""
