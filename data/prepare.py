@@ -374,6 +374,13 @@ def load_text_dataset(dataset, cache_dir=None, text_column="text"):
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
         why = first_line(e) + (f" ({first_line(e.__cause__)})" if e.__cause__ is not None else "")
         raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
+    except OSError as e:
+        cache = os.path.abspath(cache_dir or datasets.config.HF_DATASETS_CACHE)
+        if e.filename is None or os.path.commonpath([cache, os.path.abspath(e.filename)]) not in (
+                cache, os.path.abspath(e.filename)):  # not the cache's folder nor one it is made in
+            raise
+        raise ValueError(f"cannot write datasets' cache in {cache} ({e.strerror}); set HF_DATASETS_CACHE (or "
+                         "HF_HOME) to a folder you can write") from None
     finally:
         datasets.logging.set_verbosity(verbosity)
         if bars:

@@ -912,6 +912,23 @@ def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     assert not (tmp_path / "out").exists() and datasets.is_progress_bar_enabled()
 
 
+def test_a_datasets_cache_it_cannot_make_is_one_line_that_names_the_setting(tmp_path, run_main, monkeypatch):
+    """datasets keeps its cache under the home folder. Where that cannot be written (a read-only home; here a file
+    where a folder of the cache's path should be), its error named a path and no way out."""
+    import datasets
+    (tmp_path / "d.jsonl").write_text('{"text": "some text, long enough to split in two"}\n' * 30)
+    (tmp_path / "home").write_text("a file, not a folder")
+    cache = tmp_path / "home" / ".cache" / "huggingface" / "datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    status, _, err = run_main("--dataset=d.jsonl", "--out_dir=out", cwd=tmp_path)
+    assert_one_error_line(status, err, f"cannot write datasets' cache in {cache} (Not a directory); set "
+                                       "HF_DATASETS_CACHE (or HF_HOME) to a folder you can write")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))  # as the variable sets it
+    status, _, err = run_main("--dataset=d.jsonl", "--out_dir=out", cwd=tmp_path)
+    assert status == 0, err
+
+
 def test_cli_dataset_without_the_datasets_package(tmp_path, run_main, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
     status, _, err = run_main("--dataset=someone/some_dataset", "--out_dir=out", cwd=tmp_path)
