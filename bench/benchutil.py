@@ -5,6 +5,7 @@ Every script, run as one, puts the repository root first on sys.path before impo
 train.py (whose training step bench/train.py times; importing it changes nothing) resolve the same from
 any directory; imported as a module (`python -m bench.train`, the tests), the root is on sys.path already.
 """
+import contextlib
 import datetime
 import json
 import os
@@ -191,9 +192,30 @@ def profiled(fn, device, record_shapes=False):
     """Run fn once under torch.profiler (CPU ops, and CUDA kernels on a GPU): (wall seconds, profiler).
     record_shapes: each op's events also say its arguments' shapes, strides, dtypes and numbers."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=activities, record_shapes=record_shapes) as prof:
+    with without_profiler_lines(), profile(activities=activities, record_shapes=record_shapes) as prof:
         wall = timed(fn, device)
     return wall, prof
+
+
+@contextlib.contextmanager
+def without_profiler_lines():
+    """stderr without the profiler library's own lines: kineto (in torch 2.13) writes one from C++ as each
+    profile starts and stops ("USDT: ... profiler_start"), which landed between a script's tables. Every other
+    line written to stderr meanwhile is passed on when the block ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not line.startswith(("USDT:", "STAGE:"))))
+            sys.stderr.flush()
 
 
 def os_costs(fn):

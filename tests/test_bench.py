@@ -240,6 +240,21 @@ def test_os_costs_counts_the_pages_a_step_faults_in():
     assert os_costs(lambda: None)[0] < faults / 10
 
 
+def test_the_profilers_own_lines_stay_out_of_the_output(capfd):
+    """torch's profiler library writes a line of its own to stderr as each profile starts and stops ("USDT:"),
+    which landed between a bench's tables; a line the profiled code writes meanwhile still reaches stderr."""
+    from bench.benchutil import profiled
+
+    def step():
+        os.write(2, b"a line of the step's own\n")
+        return torch.ones(8) @ torch.ones(8)
+
+    profiled(step, "cpu")
+    err = capfd.readouterr().err
+    assert "a line of the step's own" in err
+    assert not [line for line in err.splitlines() if line.startswith(("USDT:", "STAGE:"))], err
+
+
 def test_sample_bench_compares_cache_no_cache_and_nanogpt(launch, tmp_path):
     result = run_bench(launch, "bench/sample.py", tmp_path / "s.json", "--n_layer=1", "--n_embd=32", "--n_head=2",
                        "--block_size=32", "--max_new_tokens=40", "--repeats=1", "--warmup_tokens=2", "--profile=8")
