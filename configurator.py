@@ -152,6 +152,18 @@ def type_name(tp):
     return {type(None): "none", bool: "true or false"}.get(tp, tp.__name__)
 
 
+SETTABLE_TYPES = "int, float, bool, str, a Literal of choices, or Optional of one of those"  # convert's kinds
+
+
+def settable(tp):
+    """Whether --key=value and TOML can set a field of type tp: one of SETTABLE_TYPES."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        return len(others) == 1 < len(args) and settable(others[0])
+    return origin is typing.Literal or tp in (int, float, bool, str)
+
+
 def parses_as(tp, text):
     """Whether tp(text) reads text as a value of type tp (int("2"), float("1e-3"))."""
     try:
@@ -322,6 +334,10 @@ def load_config(cls, argv):
     """Build a `cls` dataclass from defaults, then TOML files, then --key=value flags, in that order."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    for name in names:  # a field a forker added with another type (a tuple) was read as its text's characters
+        if not settable(hints[name]):
+            raise ConfigError(f"{cls.__name__}.{name} has a type that --key=value and TOML cannot set "
+                              f"({hints[name]}); give it one of: {SETTABLE_TYPES}")
     if any(a in ("-h", "--help") for a in argv):
         print_help(cls)
 

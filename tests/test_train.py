@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, make_dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 import pytest
@@ -1799,7 +1799,6 @@ def test_wrong_type(tmp_path, TrainConfig, argv_or_toml, says):
 def test_an_optional_setting_says_what_a_plain_one_says(tmp_path, toml_line, says):
     """A setting that may be none keeps the advice its type gives: a number in quotes is to lose them."""
     from dataclasses import dataclass
-    from typing import Optional
 
     @dataclass
     class Sampling:
@@ -1815,8 +1814,6 @@ def test_an_optional_setting_says_what_a_plain_one_says(tmp_path, toml_line, say
 def test_a_resume_takes_a_checkpoint_setting_of_any_kind_its_field_holds():
     """train.as_run takes a resumed run's model settings that are of a kind their fields hold: an int where
     a float's default was written 10000, a None or a number for an Optional, any of a Literal's kinds."""
-    from typing import Literal, Optional
-
     from configurator import takes_type
     assert takes_type(float, 0) and takes_type(float, 1.5) and not takes_type(float, True)
     assert not takes_type(float, "1.5") and not takes_type(int, 1.5) and not takes_type(bool, 1)
@@ -2091,10 +2088,36 @@ def test_help_says_what_every_setting_means(launch, script):
     assert len(lines) >= 7, proc.stdout
     for line in lines:
         flag, _, rest = line.strip().partition("  ")
-        meaning = rest.strip().rsplit(" [", 1)[0]
-        assert "=" in flag and len(meaning) > 5, f"{script}: no meaning for {flag}"
+        meaning = rest.rpartition("[")[0].strip()  # the type, in brackets, ends the line
+        assert "=" in flag and len(meaning) > 5, \
+            f"{script}: no meaning for {flag}; write it as a comment at the end of the field's line"
     starts = {len(line) - len(line.lstrip()[len(line.strip().partition("  ")[0]):].lstrip()) for line in lines}
     assert len(starts) == 1, f"{script}: meanings do not start in one column"
+
+
+def test_a_setting_of_a_type_flags_cannot_set_is_refused_by_name():
+    """A forker's field of another type (a tuple for a value per layer) was set from --layer_scales=1.0,0.5 as
+    the tuple of its characters, and failed later inside the model with a traceback."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Forked:
+        n_layer: int = 2  # transformer blocks
+        layer_scales: tuple[float, ...] = ()  # each block's residual scale
+
+    with pytest.raises(ConfigError) as e:
+        load_config(Forked, ["--layer_scales=1.0,0.5"])
+    assert str(e.value) == ("Forked.layer_scales has a type that --key=value and TOML cannot set (tuple[float, ...]); "
+                            "give it one of: int, float, bool, str, a Literal of choices, or Optional of one of those")
+
+    @dataclass
+    class Settable:
+        scale: Optional[float] = None  # each kind that flags set
+        kind: Optional[Literal["a", "b"]] = None  # ...
+        name: str | None = None  # ...
+        on: bool = False  # ...
+
+    assert load_config(Settable, ["--scale=2", "--kind=b", "--name=x", "--on=true"]) == Settable(2.0, "b", "x", True)
 
 
 def test_a_settings_meaning_may_go_on_below_it():
