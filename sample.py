@@ -26,7 +26,8 @@ from attention_map import (PAGE_MAX_BYTES, PAGE_MAX_TOKENS, PICTURE_FORMATS, pag
                            write_attention_page)
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
-from configurator import check_at_least, check_folders_named, config_from_argv, expand_home, fail, first_line
+from configurator import (check_at_least, check_folders_named, check_types, config_from_argv, expand_home, fail,
+                          first_line)
 from data.tokenizer import GPT2Tokenizer
 from files import NO_ROOM, OutputThatMayClose, check_stdout, check_writable, read_text_file
 from hardware import (DType, check_threads, device_type_of, last_level_cache_bytes, make_current, memory_bytes,
@@ -75,6 +76,7 @@ class SampleConfig:
     attention_head: int = 0  # the head drawn large in the attention map (a page: the one it opens on)
 
     def __post_init__(self):
+        check_types(self)  # SampleConfig(use_kv_cache="false") would use the cache
         check_sampling(self.temperature, self.top_k, self.top_p, self.max_new_tokens)
         expand_home(self, "out_dir", "init_from", "attention_map")
         check_init_from(self.init_from, own=("resume",))

@@ -39,8 +39,8 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
                         rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
                         trained_settings, unlock_out_dir)
-from configurator import (as_typed, check_at_least, check_folders_named, check_positive, config_from_argv, expand_home,
-                          fail, first_line, interrupt_on_sigterm, interrupted_by, run_command, takes_type,
+from configurator import (as_typed, check_at_least, check_folders_named, check_positive, check_types, config_from_argv,
+                          expand_home, fail, first_line, interrupt_on_sigterm, interrupted_by, run_command, takes_type,
                           under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
@@ -112,6 +112,7 @@ class TrainConfig(GPTConfig):
     OWN_STARTS = ("scratch", "resume")  # init_from's starts of train.py's own; any other names GPT-2 weights
 
     def __post_init__(self):
+        check_types(self)  # TrainConfig(eval_only="false") would evaluate; batch_size=2.5 a TypeError deep in torch
         check_at_least(self, 1, "batch_size", "eval_interval", "eval_iters", "log_interval")
         check_at_least(self, 0, "gradient_accumulation_steps", "max_iters", "max_seconds", "vocab_size", "n_embd",
                        "warmup_iters", "lr_decay_iters", "min_lr", "weight_decay", "grad_clip")
@@ -227,6 +228,7 @@ def main(cfg):
                 note = "\n".join(filter(None, [note, changed]))
             seed_everything(cfg.seed)
             model = build_model(cfg, data.meta, checkpoint, setup)
+            note = "\n".join(filter(None, [weights_note(cfg, data.meta, model, setup.device_type), note]))
             state = new_train_state(cfg, setup, model, data.train)
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
                 torch.manual_seed(cfg.seed + setup.rank)
@@ -478,27 +480,26 @@ def build_model(cfg, meta, checkpoint, setup):
         wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
         check_model_fits(wanted, training=not cfg.eval_only)
         model = GPT(wanted)
-    else:
-        model = pretrained_model(cfg, meta, setup, runtime)
+    else:  # GPT-2's weights, cropped to block_size
+        model = GPT.from_pretrained(cfg.init_from, **runtime)
+        model.crop_block_size(cfg.block_size)
     c = model.config
     check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg), c.n_embd // c.n_head)
     return model
 
 
-def pretrained_model(cfg, meta, setup, runtime):
-    """GPT-2's weights that init_from names, cropped to block_size; says which of cfg's model settings
-    the weights' own shape overrode."""
-    model = GPT.from_pretrained(cfg.init_from, **runtime)
-    model.crop_block_size(cfg.block_size)
+def weights_note(cfg, meta, model, device_type):
+    """For a run from GPT-2's weights ("" for any other): the model its weights made, and which of cfg's model
+    settings their shape overrode."""
+    if not cfg.from_weights:
+        return ""
     wanted, c = model_config(cfg, cfg.vocab_size or meta["vocab_size"]), model.config
-    defaults = with_machine_width(type(cfg)(), setup.device_type)
+    defaults = with_machine_width(type(cfg)(), device_type)
     ignored = [f"{k}={getattr(wanted, k)}" for k in WEIGHT_SETTINGS  # the user's settings, not train.py's defaults
                if getattr(wanted, k) != getattr(c, k) and getattr(cfg, k) != getattr(defaults, k)]
-    if setup.master:
-        print(f"init_from={cfg.init_from}: the model's settings come from the weights ({c.n_layer} layers, "
-              f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"
-              + (f"; not used: {', '.join(ignored)}" if ignored else ""))
-    return model
+    return (f"init_from={cfg.init_from}: the model's settings come from the weights ({c.n_layer} layers, "
+            f"{c.n_head} heads, n_embd {c.n_embd}, {c.pos_embedding} positions, {c.norm})"
+            + (f"; not used: {', '.join(ignored)}" if ignored else ""))
 
 
 def training_dropout(cfg):

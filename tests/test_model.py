@@ -815,6 +815,23 @@ def test_gptconfig_refuses_a_value_of_the_wrong_type(setting, value):
     assert GPTConfig(n_embd=32, n_head=2, dropout=0).dropout == 0  # an int is a float
 
 
+@pytest.mark.parametrize("setting, value", [("eval_only", "false"), ("overwrite", "no"), ("batch_size", 2.5),
+                                            ("max_seconds", "60"), ("n_embd", 32.0)])
+def test_trainconfig_refuses_a_value_of_the_wrong_type(setting, value):
+    """Built in Python, as bench/ and the tests build it: eval_only="false" evaluated and trained nothing, and
+    batch_size=2.5 was a TypeError deep inside torch; only the model's own fields were checked."""
+    from train import TrainConfig
+    with pytest.raises(ValueError, match=rf"^{setting} must be (int|bool|float), got {re.escape(repr(value))}$"):
+        TrainConfig(**{setting: value})
+
+
+def test_sampleconfig_refuses_a_value_of_the_wrong_type():
+    """SampleConfig(use_kv_cache="false") sampled with the cache."""
+    import sample
+    with pytest.raises(ValueError, match=r"^use_kv_cache must be bool, got 'false'$"):
+        sample.SampleConfig(use_kv_cache="false")
+
+
 def test_num_params_and_flops_per_token_count_what_the_model_computes():
     """The parameter count (without the position table by default) and the 6N + 12·L·C·T rule that MFU and
     bench/train.py's tokens-per-FLOP rest on, worked out here from the shapes."""

@@ -647,6 +647,10 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     common = ["configs/finetune_gpt2_shakespeare.toml", "--device=cpu", "--dtype=float32", "--block_size=16",
               "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=2", f"--data_dir={data}",
               f"--out_dir={out}", "--n_layer=6", "--vocab_size=50304"]
+    (tmp_path / "a_file").write_text("")  # an out_dir it cannot make: one line, and the weights' line not before it
+    unmade = tmp_path / "a_file" / "out"
+    refused = launch("train.py", *common, f"--init_from={weights}", "--max_iters=0", f"--out_dir={unmade}")
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1, refused
     first = check_ok(launch("train.py", *common, f"--init_from={weights}", "--max_iters=0"))
     assert "settings come from the weights (1 layers, 2 heads, n_embd 16" in first.stdout, first.stdout
     # the one model setting given, not train.py's own defaults for a model from scratch
