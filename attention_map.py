@@ -120,12 +120,10 @@ def plot_attention(weights, labels, path, layer=0, head=0):
     """weights: per-layer tensors (nh, T, T) for one sequence; labels: the T tokens as text.
     Left: every layer x head as a small grid; right: the chosen (layer, head) large, labelled. Written
     to path in the format its extension names (PICTURE_FORMATS)."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only; works on machines without a screen
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # to a file, without pyplot: no screen, no backend set for the process
 
     n_layer, n_head = len(weights), weights[0].size(0)
-    fig = plt.figure(figsize=(2 * n_head + 8, max(2 * n_layer, 6)))
+    fig = Figure(figsize=(2 * n_head + 8, max(2 * n_layer, 6)))
     grid = fig.add_gridspec(n_layer, n_head + 4)
     for i in range(n_layer):
         for j in range(n_head):
@@ -150,7 +148,5 @@ def plot_attention(weights, labels, path, layer=0, head=0):
     ax.set_title(f"layer {layer}, head {head}: row i = how query i spreads its attention")
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    try:  # whole or not at all, as the page: a full disk leaves the picture that was there
-        atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:].lower(), dpi=100))
-    finally:
-        plt.close(fig)
+    # whole or not at all, as the page: a full disk leaves the picture that was there
+    atomic_write(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:].lower(), dpi=100))

@@ -260,14 +260,13 @@ def read_metrics(path, until=None):
 def plot_losses(metrics_path, png_path, run_id):
     """Train and val loss against iterations and against training time, from run run_id's records in
     metrics.jsonl (a record that lacks a number the picture needs, edited by hand, say, is left out)."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only; works on machines without a screen
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # to a file, without pyplot: no screen, no backend set for the process
 
     records = [r for r in read_metrics(metrics_path) if r.get("run") == run_id]
     steps = [r for r in records if has_numbers(r, "loss", "seconds")]
     evals = [r for r in records if has_numbers(r, "train_loss", "val_loss", "seconds")]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2, sharey=True)
     for ax, x in zip(axes, ("iter", "seconds")):
         ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
         ax.plot([r[x] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
@@ -277,10 +276,7 @@ def plot_losses(metrics_path, png_path, run_id):
     axes[0].set_ylabel("cross-entropy loss")
     axes[0].legend()
     fig.tight_layout()
-    try:
-        atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
-    finally:
-        plt.close(fig)
+    atomic_write(png_path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 def has_numbers(record, *keys):

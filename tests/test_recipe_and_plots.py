@@ -167,13 +167,31 @@ def test_time_limited_run_stops_on_time_decayed_and_draws_its_loss_curve(tmp_pat
 
 @pytest.fixture
 def drawn_figures(monkeypatch):
-    """The figures the plotting functions close after saving, kept for a test to read what they drew."""
-    import matplotlib.pyplot as plt
-    figures, close = [], plt.close
-    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
-    yield figures
-    for fig in figures:
-        close(fig)
+    """The figures the plotting functions save, kept for a test to read what they drew."""
+    from matplotlib.figure import Figure
+    figures, savefig = [], Figure.savefig
+
+    def save(fig, *args, **kwargs):
+        figures.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", save)
+    return figures
+
+
+def test_drawing_leaves_the_processs_matplotlib_backend_alone(tmp_path):
+    """Called from a notebook, plot_attention and plot_losses switched its backend (inline plots) to Agg."""
+    import matplotlib
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        plot_attention([torch.full((1, 2, 2), 0.5)], ["a", "b"], str(tmp_path / "attn.png"))
+        (tmp_path / "metrics.jsonl").write_text(json.dumps({"iter": 1, "loss": 2.0, "seconds": 0.1, "run": "r"}))
+        plot_losses(str(tmp_path / "metrics.jsonl"), str(tmp_path / "loss.png"), "r")
+        assert matplotlib.get_backend() == "svg"
+        assert (tmp_path / "attn.png").stat().st_size > 0 and (tmp_path / "loss.png").stat().st_size > 0
+    finally:
+        matplotlib.use(before)
 
 
 def test_plot_losses_draws_both_axes_of_its_own_runs_records(tmp_path, drawn_figures):
