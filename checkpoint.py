@@ -125,8 +125,9 @@ def load_checkpoint(path):
 
 
 def clean_state_dict(state_dict):
-    """Drop the prefixes torch.compile (`_orig_mod.`) and DDP (`module.`) add, so any checkpoint
-    loads into a plain model."""
+    """Drop the prefixes torch.compile (`_orig_mod.`) and DDP (`module.`) add to a wrapped model's keys. train.py
+    saves the plain model's, but a fork's loop that saves the wrapped model's state_dict (nanoGPT's sample.py
+    strips `_orig_mod.` for such files) writes them, and its checkpoints load too."""
     cleaned = {}
     for key, value in state_dict.items():
         while key.startswith(("_orig_mod.", "module.")):
