@@ -111,6 +111,10 @@ class SampleBench:
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json, or sample-transformers-<device>.json
 
     def __post_init__(self):
+        unused = [f"--{name}={getattr(self, name)}" for name in SHAPE if self.out_dir and getattr(self, name) is not None]
+        if unused:
+            raise ValueError(f"--out_dir's checkpoint sets the model's shape: {', '.join(unused)} would not be used; "
+                             f"drop {'it' if len(unused) == 1 else 'them'}")
         for name, value in REFERENCE_DEFAULTS[self.reference].items():
             if getattr(self, name) is None and not (self.out_dir and name in (*SHAPE, "block_size")):
                 setattr(self, name, value)

@@ -48,7 +48,7 @@ from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
                              print_machine, profiled, resolve_device, run, set_threads, show_compiled_kernels,
                              split_list, summary, timed, top_ops, write_json)
-from configurator import ConfigError, check_at_least, load_config
+from configurator import ConfigError, as_typed, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
@@ -171,6 +171,13 @@ def variant_list(cfg, tcfg, device_type):
         axes = []
     else:
         axes = split_list(cfg.variants, "variants", allowed=AXES)
+    fixed = [axis for axis in axes if getattr(cfg, axis) is not None]
+    if fixed:  # the table would show the axis' values, and the JSON the value given
+        lists = [f"--{axis}s=..." for axis in fixed if axis != "compile"]  # compile is compared as false and true
+        fail(f"variants={cfg.variants} compares {', '.join(axes)} here: "
+             f"{', '.join(f'--{axis}={as_typed(getattr(cfg, axis))}' for axis in fixed)} would not be used; "
+             + (f"name the values to compare ({', '.join(lists)}), or " if lists else "")
+             + "time one alone with --variants=none")
     base = {"compile": tcfg.compile if cfg.compile is None else cfg.compile,
             "dtype": resolved_dtype_name(cfg.dtype or tcfg.dtype, device_type),
             "attention": cfg.attention or tcfg.attention,
