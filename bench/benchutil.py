@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from configurator import ConfigError, fail, first_line, load_config
+from configurator import ConfigError, fail, first_line, interrupt_on_sigterm, interrupted_by, load_config
 from files import atomic_write, check_writable
 from hardware import cpu_class, device_type_of, make_current, pick_device, pick_dtype, set_up_cpu, usable_cpus
 
@@ -30,12 +29,14 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 
 
 def run(main, config):
-    """main(config), as each script runs it: Ctrl-C ends it in one line and 128 + SIGINT, as train.py and
-    sample.py end, not in a traceback. The JSON is written last, atomically, so none is left half-written."""
+    """main(config), as each script runs it: Ctrl-C or SIGTERM (`timeout`, a scheduler) ends it in one line and
+    128 + the signal, as train.py and sample.py end, not in a traceback; temporary folders and worktrees are
+    removed on the way out. The JSON is written last, atomically, so none is left half-written."""
+    interrupt_on_sigterm()
     try:
         main(config)
-    except KeyboardInterrupt:
-        fail("interrupted; no results were written", status=128 + signal.SIGINT)
+    except KeyboardInterrupt as e:
+        fail("interrupted; no results were written", status=128 + interrupted_by(e))
 
 
 def parse(cls, argv):

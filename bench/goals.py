@@ -39,7 +39,7 @@ import torch
 
 from bench.benchutil import (RESULTS, ROOT, holds_or_not, machine_info, md_table, parse, print_machine, run,
                              split_list, write_json)
-from configurator import fail
+from configurator import fail, interrupted_by
 from hardware import cpu_has_bf16
 
 GOALS = ("recipe", "loop", "execution", "sample", "gpt2", "determinism")
@@ -105,9 +105,17 @@ def run_logged(argv, log_name, folders):
     with open(os.path.join(folders.results, log_name), "w") as log, subprocess.Popen(
             [sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         log.write(folders.portable(f"=== {' '.join(argv)}\n"))
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(folders.portable(line))
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(folders.portable(line))
+        except KeyboardInterrupt as e:  # Ctrl-C reached the child too; SIGTERM this process alone: passed on
+            if interrupted_by(e) == signal.SIGTERM:
+                proc.terminate()
+            rest = proc.communicate()[0]  # its own clean-up (a recipe's runs stopped) before the scratch folder goes
+            sys.stdout.write(rest)
+            log.write(folders.portable(rest))
+            raise
     return proc.returncode
 
 
@@ -118,7 +126,11 @@ def base_worktree(commit, where):
                           text=True)
     if made.returncode:
         return None, f"git worktree add {commit} failed: {(made.stderr.strip() or made.stdout.strip())[:200]}"
-    prepared = subprocess.run([sys.executable, "data/prepare.py"], cwd=path, capture_output=True, text=True)
+    try:
+        prepared = subprocess.run([sys.executable, "data/prepare.py"], cwd=path, capture_output=True, text=True)
+    except KeyboardInterrupt:  # or SIGTERM: no worktree left registered in the repository
+        remove_worktree(path)
+        raise
     if prepared.returncode:
         remove_worktree(path)
         said = (prepared.stderr.strip() or prepared.stdout.strip() or f"exit {prepared.returncode}").splitlines()
@@ -241,14 +253,15 @@ def main(cfg):
     print_machine(info)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        folders = Folders(results, scratch)
-        base, no_base = base_worktree(cfg.base_commit, scratch) if "recipe" in goals else (None, "")
+        folders, base, no_base = Folders(results, scratch), None, ""
         try:
+            if "recipe" in goals:
+                base, no_base = base_worktree(cfg.base_commit, scratch)
             for goal in goals:
                 rows += [(goal, *row) for row in measure(goal, cfg, folders, base, no_base)]
-        except KeyboardInterrupt:  # not run()'s line: the goals that finished did write their results
+        except KeyboardInterrupt as e:  # not run()'s line: the goals that finished did write their results
             fail(f"interrupted: the goals that finished kept their JSON and log in {results}; no column was written",
-                 status=128 + signal.SIGINT)
+                 status=128 + interrupted_by(e))
         finally:
             if base:
                 remove_worktree(base)

@@ -55,7 +55,7 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
                              run, split_list, write_json)
 from attention import check_backend
 from checkpoint import ckpt_path, load_checkpoint
-from configurator import ConfigError, check_at_least, check_positive, load_config
+from configurator import ConfigError, check_at_least, check_positive, interrupted_by, load_config
 from data.loader import Batches, open_split
 from hardware import check_threads, device_type_of, pick_device, pick_dtype, separate_cores, usable_cpus
 from train import TrainConfig, training_dropout
@@ -144,8 +144,9 @@ def cpu_sets(cfg, device):
     return [cores[i * cfg.threads:(i + 1) * cfg.threads] for i in range(cfg.parallel)]
 
 
-def run_train(cfg, config, seed, out_dir, cpus):
-    """One train.py run, on the CPUs `cpus` only if given; its record."""
+def run_train(cfg, config, seed, out_dir, cpus, children):
+    """One train.py run, on the CPUs `cpus` only if given; its record. Its process is in the set `children`
+    while it runs."""
     repo, config = config if isinstance(config, tuple) else (ROOT, config)
     argv = [sys.executable, os.path.join(repo, "train.py")] + train_args(cfg, config, seed, out_dir)
     if cpus:
@@ -159,12 +160,16 @@ def run_train(cfg, config, seed, out_dir, cpus):
     with open(os.path.join(out_dir, "train.log"), "w") as log:
         log.write(" ".join(shlex.quote(a) for a in argv) + "\n")
         log.flush()
-        try:
-            rc = subprocess.run(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-            log.write(f"killed after run_timeout={timeout} s\n")
+        with subprocess.Popen(argv, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
+            children.add(proc)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "timeout"
+                log.write(f"killed after run_timeout={timeout} s\n")
+            finally:
+                children.discard(proc)
     rec = {"config": config, "repo": "base" if repo != ROOT else "this", "label": label((repo, config)), "seed": seed,
            "out_dir": out_dir, "returncode": rc, "cpus": cpus,
            "wall_seconds": round(time.time() - start, 1)}
@@ -256,7 +261,7 @@ def check_base_settings(cfg, configs, given):
                  "would fail at its start: compare configs that both checkouts take")
 
 
-def train_one(cfg, config, seed, work, free_cpus, interrupted):
+def train_one(cfg, config, seed, work, free_cpus, interrupted, children):
     """One run, on a CPU set taken from the queue free_cpus and given back after; its record, or None if
     the Event `interrupted` was set first. Its start and its end are one line, or two where other runs may
     print between them (CPU sets to pin to)."""
@@ -268,10 +273,10 @@ def train_one(cfg, config, seed, work, free_cpus, interrupted):
     on = f" on CPUs {','.join(map(str, cpus))}" if cpus else ""
     print(f"train: {label(config)} seed {seed}{on} -> {out_dir} ...", end="\n" if cpus else " ", flush=True)
     try:
-        rec = run_train(cfg, config, seed, out_dir, cpus)
+        rec = run_train(cfg, config, seed, out_dir, cpus, children)
     finally:
         free_cpus.put(cpus)
-    if rec["returncode"] == 128 + signal.SIGINT:  # train.py's exit after a Ctrl-C, which reached this process too
+    if rec["returncode"] in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # train.py's exit when stopped
         interrupted.set()
     done = f"{'ok' if rec['returncode'] == 0 else 'FAILED: ' + rec['error']} ({rec['wall_seconds']} s)"
     print(f"train: {label(config)} seed {seed}: {done}" if cpus else done, flush=True)
@@ -282,23 +287,28 @@ def train_all(cfg, configs, seeds, work, sets):
     """One train.py run per seed and config, interleaved, as many at a time as there are CPU sets, each on
     a set no other running one has; their records, in that order. Ctrl-C reaches the runs in flight too
     (the terminal signals its whole process group), and each saves and stops; the rest do not start, whether
-    this process or a run's train.py (which may see it first) tells of it."""
-    free_cpus, interrupted = queue.Queue(), threading.Event()
+    this process or a run's train.py (which may see it first) tells of it. SIGTERM (`timeout`, a scheduler) reaches
+    this process alone: it is passed on to the runs in flight, which stop as on Ctrl-C."""
+    free_cpus, interrupted, children, signum = queue.Queue(), threading.Event(), set(), signal.SIGINT
     for cpus in sets:
         free_cpus.put(cpus)
     pool = ThreadPoolExecutor(len(sets))
-    started = [pool.submit(train_one, cfg, config, seed, work, free_cpus, interrupted)
+    started = [pool.submit(train_one, cfg, config, seed, work, free_cpus, interrupted, children)
                for seed in seeds for config in configs]
     try:
         runs = [run.result() for run in started]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         interrupted.set()
+        signum = interrupted_by(e)
+        if signum == signal.SIGTERM:
+            for proc in list(children):
+                proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)  # the runs in flight end as they save
         runs = [None if run.cancelled() else run.result() for run in started]
     pool.shutdown()
     if interrupted.is_set():
         fail(f"interrupted: {runs.count(None)} of {len(runs)} runs not started; the others' out_dirs are under {work}",
-             status=128 + signal.SIGINT)
+             status=128 + signum)
     return runs
 
 

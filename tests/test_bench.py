@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -498,13 +499,13 @@ def children(pid):
     return [int(c) for f in Path(f"/proc/{pid}/task").glob("*/children") for c in f.read_text().split()]
 
 
-@pytest.mark.parametrize("to", ["group", "run"])
+@pytest.mark.parametrize("to", ["group", "run", "recipe"])
 def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir, to):
     """Ctrl-C (SIGINT to the terminal's process group): the run in flight saves and stops, the queued ones
     never start, and the script ends with one line. The same where the run's train.py is the first to see
     it (here: the only one), as on a busy machine, where it may save and exit before this script's own
-    thread is scheduled to hear of it."""
-    import signal
+    thread is scheduled to hear of it. SIGTERM to the script alone (`timeout`, a scheduler) had ended it at
+    once and left its run training, orphaned: it is passed on, and the run stops as on Ctrl-C."""
     if to == "run" and not list(Path("/proc/self/task").glob("*/children")):
         pytest.skip("needs Linux's /proc/PID/task/TID/children")
     proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, "bench/recipe.py", "--configs=default", "--seeds=1,2",
@@ -522,24 +523,45 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
         assert log.exists() and training.search(log.read_text()), "the first run did not start training within 120 s"
         if to == "group":
             os.killpg(proc.pid, signal.SIGINT)
-        else:
+        elif to == "run":
             for child in children(proc.pid):
                 os.kill(child, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
+        assert "stopped by" in log.read_text(), log.read_text()  # the run heard of it before the script ended
     finally:  # whatever happened: runs of 100,000 iterations must not outlive the test
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert proc.returncode == 130 and err.count("\n") == 1, (proc.returncode, err)
+    stopped_by = signal.SIGTERM if to == "recipe" else signal.SIGINT
+    assert proc.returncode == 128 + stopped_by and err.count("\n") == 1, (proc.returncode, err)
     assert "interrupted: 1 of 2 runs not started" in err, err
     assert not (tmp_path / "runs" / "default-seed2").exists() and not (tmp_path / "r.json").exists()
     assert (tmp_path / "runs" / "default-seed1" / "ckpt.pt").exists(), log.read_text()  # the run saved its work
 
 
+def test_the_base_worktree_interrupted_while_its_data_is_prepared_is_removed(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while bench/goals.py prepared the base's data left the worktree registered in the
+    repository (`git worktree list`: prunable) after its temporary folder was gone."""
+    import bench.goals as goals
+    run = subprocess.run
+
+    def interrupted_in_prepare(argv, *args, **kwargs):
+        if "data/prepare.py" in argv:
+            raise KeyboardInterrupt
+        return run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(goals.subprocess, "run", interrupted_in_prepare)
+    with pytest.raises(KeyboardInterrupt):
+        goals.base_worktree("HEAD", str(tmp_path))
+    listed = run(["git", "worktree", "list", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert str(tmp_path) not in listed and not (tmp_path / "base").exists(), listed
+
+
 def test_the_goal_script_stopped_by_ctrl_c_says_what_it_kept(tmp_path):
     """Ctrl-C during a goal: one line, exit 130, saying that the goals before it kept their results (not every
     bench script's "no results were written"), and no column."""
-    import signal
     proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, "bench/goals.py", "--smoke=true",
                              "--goals=determinism,loop", f"--results={tmp_path}"], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -559,13 +581,13 @@ def test_the_goal_script_stopped_by_ctrl_c_says_what_it_kept(tmp_path):
     assert not (tmp_path / "goals.json").exists()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 @pytest.mark.parametrize("script, args", [
     ("bench/train.py", ["--variants=none", "--compile=false", "--repeats=100000", "--loop=50", "--warmup=0"]),
     ("bench/sample.py", ["--max_new_tokens=100000", "--repeats=1"])], ids=["train", "sample"])
-def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_path, script, args):
+def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_path, script, args, signum):
     """Ctrl-C had ended each benchmark in a traceback, and bench/train.py's left the checkpoints of its --loop
-    (train.py's own loop saves) in a temporary folder."""
-    import signal
+    (train.py's own loop saves) in a temporary folder; SIGTERM (`timeout`) ended it at once, the folder left."""
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen([sys.executable, "-c", AS_A_TERMINAL, script, *args, "--threads=1",
                              f"--out={tmp_path / 'x.json'}"], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp_path / "tmp")},
@@ -575,12 +597,13 @@ def test_a_benchmark_stopped_by_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_p
             if line.startswith(("ready:", "model:")):
                 break
         time.sleep(2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()  # whatever happened: a benchmark of 100,000 rounds must not outlive its test
         proc.wait()
-    assert proc.returncode == 130 and err == "error: interrupted; no results were written\n", (proc.returncode, err)
+    assert proc.returncode == 128 + signum and err == "error: interrupted; no results were written\n", \
+        (proc.returncode, err)
     assert not (tmp_path / "x.json").exists() and not list((tmp_path / "tmp").glob("bench-train-*"))
 
 
@@ -831,7 +854,6 @@ def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatc
     """bench/train.py --loop runs train.py's own loop, whose stop request saves and exits 130 with its words
     in the log this script hides: that exit now reaches run() as a Ctrl-C, which says one line. Any other
     exit of the loop passes through as it is."""
-    import signal
 
     import numpy as np
     import train
