@@ -111,7 +111,8 @@ class SampleBench:
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json, or sample-transformers-<device>.json
 
     def __post_init__(self):
-        unused = [f"--{name}={getattr(self, name)}" for name in SHAPE if self.out_dir and getattr(self, name) is not None]
+        given = [name for name in SHAPE if getattr(self, name) is not None]
+        unused = [f"--{name}={getattr(self, name)}" for name in given] if self.out_dir else []
         if unused:
             raise ValueError(f"--out_dir's checkpoint sets the model's shape: {', '.join(unused)} would not be used; "
                              f"drop {'it' if len(unused) == 1 else 'them'}")
