@@ -472,7 +472,10 @@ def main(cfg):
 
 
 def without_paths(run):
-    """A run's record for the JSON, without the temporary folders it used."""
+    """A run's record for the JSON, without the temporary folders it used: a failed run's last line (its error)
+    names its out_dir as <out_dir>, and the interpreter as python."""
+    if "error" in run:
+        run = {**run, "error": run["error"].replace(run["out_dir"], "<out_dir>").replace(sys.executable, "python")}
     run = {k: v for k, v in run.items() if k != "out_dir"}
     if "train_config" in run:
         run["train_config"] = {k: v for k, v in run["train_config"].items() if k != "out_dir"}

@@ -541,6 +541,18 @@ def test_recipe_bench_stops_on_ctrl_c_and_starts_no_more_runs(tmp_path, data_dir
     assert (tmp_path / "runs" / "default-seed1" / "ckpt.pt").exists(), log.read_text()  # the run saved its work
 
 
+def test_a_failed_runs_error_in_the_recipes_json_names_no_folder_of_the_machine(tmp_path):
+    """A run's last line, kept as its error, named its out_dir (a temporary folder) and the interpreter's path."""
+    from bench.recipe import without_paths
+    out_dir = str(tmp_path / "runs" / "default-seed1")
+    record = without_paths({"label": "default", "out_dir": out_dir, "returncode": 2,
+                            "error": f"error: no checkpoint at {out_dir}/ckpt.pt; train one first with `python "
+                                     f"train.py --out_dir={out_dir}`; {sys.executable} train.py"})
+    assert record == {"label": "default", "returncode": 2,
+                      "error": "error: no checkpoint at <out_dir>/ckpt.pt; train one first with `python train.py "
+                               "--out_dir=<out_dir>`; python train.py"}
+
+
 def test_the_base_worktree_interrupted_while_its_data_is_prepared_is_removed(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM while bench/goals.py prepared the base's data left the worktree registered in the
     repository (`git worktree list`: prunable) after its temporary folder was gone."""
