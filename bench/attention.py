@@ -77,7 +77,7 @@ class AttentionBench:
     def __post_init__(self):
         check_at_least(self, 1, "batch_size", "n_embd", "n_head", "repeats")
         check_heads(self.n_embd, self.n_head)
-        check_positive(self, "time_budget")
+        check_positive(self, "time_budget", "min_sample_s")
 
 
 def make_case(cfg, backend, T, device):
@@ -200,8 +200,14 @@ def child_point(cfg, backend, T):
 def available_backends(cfg, device):
     kind = device_type_of(device)
     dtype = getattr(torch, cfg.dtype)
-    if cfg.backends != "auto":
-        return split_list(cfg.backends, "backends", allowed=BACKENDS)
+    if cfg.backends != "auto":  # each one named can run here, or one line says why before any is timed
+        names = split_list(cfg.backends, "backends", allowed=BACKENDS)
+        for name in names:
+            try:
+                check_backend(name, kind, dtype, 0.0)
+            except ValueError as e:
+                fail(f"--backends={cfg.backends}: {e}")
+        return names
     names = ["manual", "sdpa", "flash"]
     for extra in ("fa2", "fa3"):
         try:

@@ -702,6 +702,8 @@ def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     # an axis compared and a value given for it, a checkpoint and a shape: the table and the JSON had disagreed
     ("bench/train.py", "--variants=dtype --dtype=float16", "variants=dtype compares dtype here: --dtype=float16 would "
                                                            "not be used; name the values to compare (--dtypes=...)"),
+    ("bench/attention.py", "--backends=manual,fa2 --device=cpu", "error: --backends=manual,fa2: attention='fa2' "),
+    ("bench/attention.py", "--min_sample_s=-1", "min_sample_s must be positive, got -1.0"),  # had run
     ("bench/sample.py", "--out_dir=out --n_layer=3 --n_embd=256",
      "--out_dir's checkpoint sets the model's shape: --n_layer=3, --n_embd=256 would not be used; drop them"),
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
