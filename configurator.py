@@ -95,9 +95,13 @@ def whole_number(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def real_number(x):
+    """An int or a float that is not a bool: a number as a user or a JSON record writes one."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # what a value of each plain type must be, for check_types (a bool is an int to Python, not to a user)
-TYPE_CHECKS = {int: whole_number, bool: lambda v: isinstance(v, bool),
-               float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+TYPE_CHECKS = {int: whole_number, bool: lambda v: isinstance(v, bool), float: real_number}
 
 
 def check_positive(config, *names):
@@ -217,7 +221,7 @@ def convert(key, tp, value, from_text):
         else:
             raise ConfigError(f"{key} must be true or false (or 1/0, yes/no, on/off), got {value!r}")
     elif tp in (int, float):
-        ok = not isinstance(value, bool) and isinstance(value, (int,) if tp is int else (int, float))
+        ok = (whole_number if tp is int else real_number)(value)
         if not from_text and isinstance(value, str) and parses_as(tp, value):  # a number in TOML's quotes
             raise ConfigError(f"{key} must be {type_name(tp)}, got the string {value!r}{UNQUOTE}")
         if from_text:

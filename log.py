@@ -15,7 +15,7 @@ from dataclasses import asdict
 import torch
 
 from checkpoint import ckpt_path
-from configurator import whole_number
+from configurator import real_number, whole_number
 from files import atomic_write
 from hardware import BusyCheck, dtype_name, peak_flops, threads_text
 
@@ -280,4 +280,4 @@ def plot_losses(metrics_path, png_path, run_id):
 
 
 def has_numbers(record, *keys):
-    return all(isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool) for k in keys)
+    return all(real_number(record.get(k)) for k in keys)
