@@ -33,6 +33,7 @@ import contextlib
 import io
 import itertools
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -48,7 +49,7 @@ from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
                              print_machine, profiled, resolve_device, run, set_threads, show_compiled_kernels,
                              split_list, summary, timed, top_ops, write_json)
-from configurator import ConfigError, as_typed, check_at_least, load_config
+from configurator import ConfigError, Terminated, as_typed, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
@@ -241,8 +242,8 @@ class Variant:
             try:
                 train.train(self.cfg, self.setup, self.data, self.state, self.model, logger, stop)
             except SystemExit:
-                if stop.signum:  # Ctrl-C: train.py's loop saved and exited, its words in the log caught here
-                    raise KeyboardInterrupt from None
+                if stop.signum:  # Ctrl-C or SIGTERM: train.py's loop saved and exited, its words caught here
+                    raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt) from None
                 raise
             finally:
                 stop.release()

@@ -864,10 +864,12 @@ def test_each_train_bench_variant_steps_under_its_own_deterministic_mode(monkeyp
     assert modes == [False, True, False]
 
 
-def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatch, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatch, tmp_path, signum):
     """bench/train.py --loop runs train.py's own loop, whose stop request saves and exits 130 with its words
-    in the log this script hides: that exit now reaches run() as a Ctrl-C, which says one line. Any other
-    exit of the loop passes through as it is."""
+    in the log this script hides: that exit now reaches run() as a Ctrl-C (or SIGTERM, 143), which says one line.
+    Any other exit of the loop passes through as it is."""
+    from configurator import Terminated
 
     import numpy as np
     import train
@@ -877,11 +879,12 @@ def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatc
                        "activation": "relu2"}, tcfg, 65, "cpu", np.zeros(1000, dtype=np.uint16), 1, 0, str(tmp_path))
 
     def stopped(cfg, setup, data, state, model, logger, stop):
-        stop.signum = signal.SIGINT  # what its handler records, before the save and the exit
-        raise SystemExit(128 + signal.SIGINT)
+        stop.signum = signum  # what its handler records, before the save and the exit
+        raise SystemExit(128 + signum)
     monkeypatch.setattr(train, "train", stopped)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as e:
         variant.time_loop(5)
+    assert isinstance(e.value, Terminated) == (signum == signal.SIGTERM)
 
     def failed(*args):
         raise SystemExit(2)
