@@ -77,7 +77,8 @@ class AttentionBench:
     def __post_init__(self):
         check_at_least(self, 1, "batch_size", "n_embd", "n_head", "repeats")
         check_heads(self.n_embd, self.n_head)
-        check_positive(self, "time_budget", "min_sample_s")
+        check_positive(self, "time_budget")
+        check_at_least(self, 0, "min_sample_s", meaning="0: one call per sample")
 
 
 def make_case(cfg, backend, T, device):

@@ -565,8 +565,9 @@ def test_under_torchrun_the_clock_stops_the_ranks_whatever_log_interval_is(tmp_p
     assert proc.returncode == 0, rank_logs(logs, "stderr")
     done = re.search(r"done: (\d+) iterations in ([\d.]+) s of training", rank_logs(logs, "stdout")[0])
     # within a second of it: the schedule's own arithmetic near the end is test_distributed's; here a step
-    # slowed by the other tests on a 2-core machine carried one run to 3.6 s
-    assert done and 3 <= float(done.group(2)) < 4 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
+    # slowed by the other tests on a 2-core machine carried one run to 3.6 s. The ranks stop on the largest of
+    # their clocks, and rank 0's own, which its line reports, may be behind it (2.9 s, with the other tests)
+    assert done and 2.5 <= float(done.group(2)) < 4 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc to know that the workers train")
