@@ -111,7 +111,7 @@ class SampleBench:
     out: str = ""  # JSON path; "": bench/results/sample-<device>.json, or sample-transformers-<device>.json
 
     def __post_init__(self):
-        given = [name for name in SHAPE if getattr(self, name) is not None]
+        given = [name for name in SHAPE if getattr(self, name) is not None] + ["vocab_size"] * bool(self.vocab_size)
         unused = [f"--{name}={getattr(self, name)}" for name in given] if self.out_dir else []
         if unused:
             raise ValueError(f"--out_dir's checkpoint sets the model's shape: {', '.join(unused)} would not be used; "

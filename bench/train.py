@@ -242,11 +242,12 @@ class Variant:
             try:
                 train.train(self.cfg, self.setup, self.data, self.state, self.model, logger, stop)
             except SystemExit:
-                if stop.signum:  # Ctrl-C or SIGTERM: train.py's loop saved and exited, its words caught here
-                    raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt) from None
-                raise
+                if not stop.signum:
+                    raise  # any other exit passes through as it is
             finally:
                 stop.release()
+        if stop.signum:  # Ctrl-C or SIGTERM: train.py's loop saved and exited, or heard it in its last save and ended
+            raise Terminated() if stop.signum == signal.SIGTERM else KeyboardInterrupt()
         return (self.state.clock.seconds() - before) / iterations
 
 

@@ -707,6 +707,8 @@ def test_the_checkpoint_scorer_says_what_it_takes(tmp_path):
     ("bench/attention.py", "--min_sample_s=-1", "min_sample_s must be at least 0 (0: one call per sample), got -1.0"),
     ("bench/sample.py", "--out_dir=out --n_layer=3 --n_embd=256",
      "--out_dir's checkpoint sets the model's shape: --n_layer=3, --n_embd=256 would not be used; drop them"),
+    ("bench/sample.py", "--out_dir=out --vocab_size=100",
+     "--out_dir's checkpoint sets the model's shape: --vocab_size=100 would not be used; drop it"),
     ("bench/train.py", "--USAGE=x", "unknown setting 'USAGE'"),  # a ClassVar of its config, not a setting
     ("bench/train.py", "--config=a.toml configs/gpt2_124m.toml", "give at most one train.py config file, got"),
     ("bench/recipe.py", "--train_args=--help", "train_args cannot ask for --help"),
@@ -883,6 +885,13 @@ def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatc
         stop.signum = signum  # what its handler records, before the save and the exit
         raise SystemExit(128 + signum)
     monkeypatch.setattr(train, "train", stopped)
+    with pytest.raises(KeyboardInterrupt) as e:
+        variant.time_loop(5)
+    assert isinstance(e.value, Terminated) == (signum == signal.SIGTERM)
+
+    def heard_in_its_last_save(cfg, setup, data, state, model, logger, stop):
+        stop.signum = signum  # the loop's end was due: it saved and returned, the request noted and not acted on
+    monkeypatch.setattr(train, "train", heard_in_its_last_save)
     with pytest.raises(KeyboardInterrupt) as e:
         variant.time_loop(5)
     assert isinstance(e.value, Terminated) == (signum == signal.SIGTERM)
