@@ -26,6 +26,7 @@ BACKENDS = get_args(Backend)
 FLASH_BACKENDS = ("flash", "fa2", "fa3")
 FLASH_MAX_HEAD_SIZE = 256  # the largest head the FlashAttention kernels take on CUDA (PyTorch's and the package's)
 HOPPER = 9  # the compute capability's major version of the GPUs FA3 runs on (H100, H200; not Blackwell's 10, 12)
+AMPERE = 8  # the least major version FlashAttention runs on: FA2 and PyTorch's CUDA kernel (not a V100's 7, a T4's 7.5)
 
 try:  # FlashAttention 2 (Ampere and newer), from the optional flash-attn package
     from flash_attn import flash_attn_func as fa2_func
@@ -115,6 +116,11 @@ def check_backend(backend, device_type=None, dtype=None, dropout=0.0, head_size=
             raise ValueError("attention='fa3' has no dropout; set dropout=0 or use attention='fa2'")
         if backend == "fa3" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] != HOPPER:
             raise ValueError("attention='fa3' needs a Hopper GPU (H100, H200); use attention='fa2' or 'flash' here")
+    if backend in FLASH_BACKENDS and device_type == "cuda" and torch.cuda.is_available() and \
+            torch.cuda.get_device_capability()[0] < AMPERE:  # the kernel refuses it only at the first forward
+        major, minor = torch.cuda.get_device_capability()
+        raise ValueError(f"attention={backend!r} needs an Ampere or newer GPU (compute capability 8.0 and up; this "
+                         f"one's is {major}.{minor}); use attention='sdpa'")
     if backend in FLASH_BACKENDS and device_type == "cuda" and (head_size or 0) > FLASH_MAX_HEAD_SIZE:
         raise ValueError(f"attention={backend!r} on CUDA takes heads of at most {FLASH_MAX_HEAD_SIZE} numbers, and "
                          f"n_embd/n_head is {head_size}; use attention='sdpa' (or, for a model of your own, more "

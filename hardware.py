@@ -81,8 +81,10 @@ def pick_dtype(name, device_type, training=True, n_params=0):
             return torch.float32
         return torch.bfloat16 if training or 4 * n_params > last_level_cache_bytes() else torch.float32
     dtype = getattr(torch, name)
-    if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
+    if dtype == torch.bfloat16 and device_type == "cuda" and \
+            not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise ValueError("this GPU cannot do bfloat16 but by emulation, far slower (a V100, a T4); use --dtype=float16 "
+                         "(or auto)")
     if dtype == torch.float16 and device_type == "cpu":
         raise ValueError("float16 is not supported on CPU here; use --dtype=bfloat16 or float32 (or auto)")
     return dtype
@@ -449,7 +451,8 @@ def peak_flops(device_type, dtype, reached=0.0):
     if device_type == "cuda":
         name = torch.cuda.get_device_name()
         peaks = gpu_datasheet_peaks(name)
-        return (peaks[key], f"{name} datasheet, {key}") if peaks else (None, f"{name} is not in hardware.GPU_PEAKS")
+        label = "fp16" if dtype == torch.float16 else key  # the same tensor cores' peak: a T4 has no bf16
+        return (peaks[key], f"{name} datasheet, {label}") if peaks else (None, f"{name} is not in hardware.GPU_PEAKS")
     if device_type != "cpu":
         return None, f"no peak known for {device_type}"
     threads = torch.get_num_threads()

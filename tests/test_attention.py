@@ -485,6 +485,23 @@ def test_check_backend_rejects_fa3_off_hopper(monkeypatch):
     check_backend("fa3", "cuda", torch.bfloat16, 0.0)  # an H100 / H200
 
 
+@pytest.mark.parametrize("backend", ["flash", "fa2"])
+def test_check_backend_rejects_flash_attention_before_ampere(monkeypatch, backend):
+    """On a T4 (sm75) or a V100 (sm70), FlashAttention's kernels (FA2, PyTorch's) refuse to run: the check had
+    passed, and the first forward was a traceback ("No available kernel")."""
+    import attention
+
+    monkeypatch.setattr(attention, "fa2_func", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    with pytest.raises(ValueError, match=rf"^attention='{backend}' needs an Ampere or newer GPU \(compute capability "
+                                         r"8.0 and up; this one's is 7.5\); use attention='sdpa'$"):
+        check_backend(backend, "cuda", torch.float16, 0.0)
+    check_backend("sdpa", "cuda", torch.float16, 0.0)  # the remedy
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))  # an A10, an RTX 3090
+    check_backend(backend, "cuda", torch.float16, 0.0)
+
+
 def test_flash_picks_fa3_on_hopper_only_and_without_dropout(monkeypatch):
     """What flash_attn_package picks, as if the package were installed, by GPU generation: FA3 runs on
     Hopper (sm90) only, not on Blackwell (sm100, sm120), and has no dropout; FA2 runs on the others."""
