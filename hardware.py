@@ -81,10 +81,8 @@ def pick_dtype(name, device_type, training=True, n_params=0):
             return torch.float32
         return torch.bfloat16 if training or 4 * n_params > last_level_cache_bytes() else torch.float32
     dtype = getattr(torch, name)
-    if dtype == torch.bfloat16 and device_type == "cuda" and \
-            not torch.cuda.is_bf16_supported(including_emulation=False):
-        raise ValueError("this GPU cannot do bfloat16 but by emulation, far slower (a V100, a T4); use --dtype=float16 "
-                         "(or auto)")
+    if dtype == torch.bfloat16 and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU cannot do bfloat16; use --dtype=float16 (or auto)")
     if dtype == torch.float16 and device_type == "cpu":
         raise ValueError("float16 is not supported on CPU here; use --dtype=bfloat16 or float32 (or auto)")
     return dtype

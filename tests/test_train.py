@@ -1583,17 +1583,13 @@ def test_dtype_auto_asks_the_gpu_the_run_trains_on(monkeypatch):
     assert resolve_device("cuda:1") == "cuda:1" and current[0] == 1
 
 
-def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_and_fp16_is_named_as_such(monkeypatch):
-    """A T4 or a V100 makes bf16 tensors (torch counts emulation as support) at a fraction of its fp16 speed:
-    --dtype=bfloat16 ran there, slow, and its MFU, like an fp16 run's, was labelled against a "bf16" peak."""
-    from hardware import peak_flops, pick_dtype
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+def test_an_fp16_runs_mfu_names_its_peak_fp16(monkeypatch):
+    """A T4 or a V100 trains in fp16 (dtype=auto there): its MFU was labelled against a "bf16" peak, which such a
+    GPU has none of; the number is its fp16 tensor cores' either way."""
+    from hardware import peak_flops
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
-    with pytest.raises(ValueError, match=r"^this GPU cannot do bfloat16 but by emulation, far slower \(a V100, a T4\); "
-                                         r"use --dtype=float16 \(or auto\)$"):
-        pick_dtype("bfloat16", "cuda")
-    assert pick_dtype("float16", "cuda") == pick_dtype("auto", "cuda") == torch.float16
     assert peak_flops("cuda", torch.float16) == (65e12, "Tesla T4 datasheet, fp16")
+    assert peak_flops("cuda", torch.bfloat16) == (65e12, "Tesla T4 datasheet, bf16")
 
 
 def test_an_apple_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
