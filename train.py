@@ -55,7 +55,7 @@ from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, Optimizer, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer
 
-EVAL_SEED = 0  # evaluation batches are the same for every run and seed, so val losses compare
+EVAL_SEED = 0  # every run and seed evaluates the same batches (of its batch_size rows), so val losses compare
 EVAL_SHARE = 0.1  # under max_seconds, an evaluation (both splits) takes at most this share of it
 
 

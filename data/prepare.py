@@ -249,20 +249,23 @@ def _data_suffix(path):
     return Path(path.stem).suffix if path.suffix in _COMPRESSIONS else path.suffix
 
 
-def _local_data_files(dataset):
+def _local_data_files(dataset, written=()):
     """{split: [files]} for a local --dataset (file, glob or directory), or None for a Hub name.
     A directory's or a glob's files go to splits by name as datasets does it (train.jsonl,
     validation.jsonl, ...); where no name has a split in it, all are "train", and files of no split beside
-    files of one are an error."""
+    files of one are an error. written: the files this preparation writes (an out_dir inside the folder
+    leaves its meta.json there), which are not data."""
     if os.path.isfile(dataset):
         return {"train": [dataset]}
+    written = {os.path.abspath(f) for f in written}
     if glob.has_magic(dataset):
-        files = sorted(f for f in glob.glob(dataset, recursive=True) if os.path.isfile(f))
+        files = sorted(f for f in glob.glob(dataset, recursive=True)
+                       if os.path.isfile(f) and os.path.abspath(f) not in written)
         if not files:
             raise ValueError(f"no files match {dataset}")
         return _glob_splits(dataset, files)
     if os.path.isdir(dataset):
-        return _folder_splits(dataset)
+        return _folder_splits(dataset, written)
     if os.path.exists(dataset):  # there, but read once or never ends: not "no such file"
         raise ValueError(f"{dataset} is not a regular file (a pipe or a device, say); save the data in a file")
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
@@ -289,15 +292,16 @@ def _glob_splits(pattern, files):
     return {split or "train": found for split, found in splits.items()}
 
 
-def _folder_splits(folder):
+def _folder_splits(folder, written):
     """{split: [files]} for a local --dataset folder, by datasets' own rules (a split's keyword in a file's
     or a folder's name: train.jsonl, test/doc1.txt; none at all: every file is "train"; its README.md and
     its description's JSON files are not data), and every data file in one of them: a file of no split beside
-    files of one is an error, not left out."""
+    files of one is an error, not left out. written: files that are not data, whatever their names."""
     from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
 
     files = sorted(os.path.abspath(f) for f in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
-                   if os.path.isfile(f) and _data_suffix(f) in _BUILDERS and os.path.basename(f) not in FILES_TO_IGNORE)
+                   if os.path.isfile(f) and _data_suffix(f) in _BUILDERS and os.path.basename(f) not in FILES_TO_IGNORE
+                   and os.path.abspath(f) not in written)
     if not files:
         raise ValueError(f"{folder} holds no {'/'.join(_BUILDERS)} files")
     found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder)
@@ -337,10 +341,11 @@ def _check_hub_reachable(name, timeout=5.0):
                          "to load it from your Hugging Face cache") from None
 
 
-def load_text_dataset(dataset, cache_dir=None, text_column="text"):
+def load_text_dataset(dataset, cache_dir=None, text_column="text", out_dir=None):
     """A datasets.DatasetDict from a Hub name, local files or a folder that datasets' save_to_disk wrote.
     Local text files give one document per file (sample_by="document"), like --input, not one per line;
-    a CSV's text_column is read as text, as written (00042 stays 00042, not the number 42)."""
+    a CSV's text_column is read as text, as written (00042 stays 00042, not the number 42). out_dir: where
+    the tokens go; its files are not read as data, should it lie inside a --dataset folder."""
     try:
         import datasets
     except ImportError:
@@ -353,7 +358,7 @@ def load_text_dataset(dataset, cache_dir=None, text_column="text"):
         if any(os.path.isfile(os.path.join(dataset, name)) for name in ("dataset_dict.json", "state.json")):
             saved = datasets.load_from_disk(dataset)  # its own JSON files are its description, not its data
             return saved if isinstance(saved, datasets.DatasetDict) else datasets.DatasetDict(train=saved)
-        files = _local_data_files(dataset)
+        files = _local_data_files(dataset, split_paths(out_dir) + [meta_path(out_dir)] if out_dir else ())
         if files is not None:
             empty = [f for split in files.values() for f in split if os.path.getsize(f) == 0]
             if empty:  # datasets' own word for it names no file ("corresponds to no data")
@@ -370,7 +375,7 @@ def load_text_dataset(dataset, cache_dir=None, text_column="text"):
             except ValueError as e:  # the files' own bytes (pyarrow's ArrowInvalid: a file that is not parquet)
                 raise ValueError(f"could not load dataset {dataset!r} as {builder} files: {first_line(e)}") from None
         _check_hub_reachable(dataset)
-        return datasets.load_dataset(dataset, cache_dir=cache_dir)
+        return _load_from_hub(datasets, dataset, cache_dir)
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetsError) as e:
         why = first_line(e) + (f" ({first_line(e.__cause__)})" if e.__cause__ is not None else "")
         raise ValueError(f"could not load dataset {dataset!r}: {why}") from None
@@ -387,13 +392,30 @@ def load_text_dataset(dataset, cache_dir=None, text_column="text"):
             datasets.enable_progress_bars()
 
 
-def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
+HTTP_LIBRARIES = ("httpx", "httpx2", "requests", "urllib3", "huggingface_hub")  # whose errors say the Hub was not read
+
+
+def _load_from_hub(datasets, name, cache_dir):
+    """datasets.load_dataset(name) from the Hub, where a proxy that answers but refuses (407: it wants a login)
+    raises the HTTP library's own error: one line, not its traceback."""
+    try:
+        return datasets.load_dataset(name, cache_dir=cache_dir)
+    except Exception as e:
+        if type(e).__module__.partition(".")[0] not in HTTP_LIBRARIES:
+            raise
+        raise ValueError(f"could not load dataset {name!r} from the Hugging Face Hub ({type(e).__name__}: "
+                         f"{first_line(e)}); check the network and any proxy (HTTPS_PROXY), or use local files "
+                         "(--input=FILE or --dataset=PATH)") from None
+
+
+def _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir):
     """(train, validation) splits of a dataset, both checked to have text_column. Validation is
-    val_split if given, else the dataset's own "validation" split, else None: cut from train."""
+    val_split if given, else the dataset's own "validation" split, else None: cut from train. out_dir: where
+    the tokens go, not read as data."""
     if val_split == split:
         raise ValueError(f"--val_split={val_split} is the training split too: validation would measure text the "
                          "model trained on; name another split, or leave --val_split out to cut one from it")
-    dd = load_text_dataset(dataset, cache_dir=cache_dir, text_column=text_column)
+    dd = load_text_dataset(dataset, cache_dir=cache_dir, text_column=text_column, out_dir=out_dir)
     if split not in dd:
         raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)}); give --split=NAME "
                          "of one of those")
@@ -409,9 +431,15 @@ def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
     return dd[split], dd[val_split] if val_split is not None else None
 
 
-def _column_docs(ds, text_column):
-    for batch in ds.iter(batch_size=1000):  # batches: reading rows one by one is slow
-        yield from batch[text_column]
+def _column_docs(ds, text_column, dataset):
+    """The texts of ds's column text_column, one by one; a text that is not UTF-8 (JSON's reader lets its bytes
+    through) is a ValueError that names dataset."""
+    try:
+        for batch in ds.iter(batch_size=1000):  # batches: reading rows one by one is slow
+            yield from batch[text_column]
+    except UnicodeDecodeError as e:
+        raise ValueError(f"dataset {dataset!r} holds a {text_column!r} that is not UTF-8 ({e.reason} at its byte "
+                         f"{e.start}); save its files as UTF-8") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,9 +512,9 @@ def prepare_default_corpus(data_dir):
 def prepare_char_dataset(out_dir, dataset, *, split="train", text_column="text", val_split=None, cache_dir=None):
     """Character-level data dir from a Hugging Face dataset (Hub name, or local file/dir/glob): the
     documents of column text_column joined as _join_documents does, validation as in prepare_bpe."""
-    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
-    val_text = _join_documents(_column_docs(val_ds, text_column)) if val_ds is not None else None
-    return prepare_char(_join_documents(_column_docs(train_ds, text_column)), out_dir, val_text)
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir)
+    val_text = _join_documents(_column_docs(val_ds, text_column, dataset)) if val_ds is not None else None
+    return prepare_char(_join_documents(_column_docs(train_ds, text_column, dataset)), out_dir, val_text)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -555,10 +583,10 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
         if val_texts is not None:
             return _write_bpe(out_dir, texts, list(val_texts), train_total=len(texts), val_total=len(val_texts))
         return _write_bpe(out_dir, texts, train_total=len(texts))
-    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir)
     if val_ds is None:
-        return _write_bpe(out_dir, _column_docs(train_ds, text_column), train_total=len(train_ds))
-    return _write_bpe(out_dir, _column_docs(train_ds, text_column), _column_docs(val_ds, text_column),
+        return _write_bpe(out_dir, _column_docs(train_ds, text_column, dataset), train_total=len(train_ds))
+    return _write_bpe(out_dir, _column_docs(train_ds, text_column, dataset), _column_docs(val_ds, text_column, dataset),
                       train_total=len(train_ds), val_total=len(val_ds))
 
 

@@ -33,6 +33,8 @@ from data.tokenizer import GPT2_VOCAB_SIZE, CharTokenizer, GPT2Tokenizer, gpt2_e
 from helpers import ROOT, mount_tmpfs
 
 FILES = ("train.bin", "val.bin", "meta.json")
+REAL_SOCKET = {"connect": socket.socket.connect, "create_connection": socket.create_connection,
+               "getaddrinfo": socket.getaddrinfo}  # as they are before no_network replaces them
 
 
 @pytest.fixture(autouse=True)
@@ -879,10 +881,12 @@ def datasets_cache(tmp_path, monkeypatch):
     (["--dataset=a_null.jsonl"], "document 1 is NoneType, not text: fill or drop that row"),
     (["--dataset=bad.parquet"], "could not load dataset 'bad.parquet' as parquet files: Parquet magic bytes not "
                                 "found in footer."),
-    (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)")],
+    (["--dataset=pipe.jsonl"], "pipe.jsonl is not a regular file (a pipe or a device, say)"),
+    (["--dataset=latin1.jsonl"], "dataset 'latin1.jsonl' holds a 'text' that is not UTF-8 (unexpected end of "
+                                 "data at its byte 3); save its files as UTF-8")],
     ids=["malformed", "no_data_files", "unnamed_files_beside_a_split", "an_empty_file", "no_match", "no_text_files",
          "missing", "missing_folder", "mixed", "no_split", "no_val_split", "val_split_is_split", "no_column",
-         "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe"])
+         "not_text", "not_text_char", "a_null", "bad_parquet", "a_pipe", "not_utf8"])
 def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     """Each thing wrong with a --dataset is one line, and nothing before it on stderr that is not a terminal
     (datasets' progress bars were); a dataset that datasets cannot read too (its errors, pyarrow's, and the
@@ -891,6 +895,7 @@ def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     (tmp_path / "a_null.jsonl").write_text('{"text": "words"}\n{"text": null}\n')
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 but not parquet" * 20)
     os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "ok"}\n{"text": "caf\xe9"}\n'.encode("latin-1"))
     import datasets
     datasets.enable_progress_bars()  # as a process starts: the run turns them off for itself only
     (tmp_path / "ok.jsonl").write_text('{"text": "hello world"}\n{"text": "more words here"}\n')
@@ -910,6 +915,68 @@ def test_cli_dataset_errors(tmp_path, run_main, datasets_cache, args, expected):
     status, _, err = run_main(*args, "--out_dir=out", cwd=tmp_path)
     assert_one_error_line(status, err, expected)
     assert not (tmp_path / "out").exists() and datasets.is_progress_bar_enabled()
+
+
+def test_a_dataset_folder_prepared_into_itself_prepares_again(tmp_path, run_main, datasets_cache):
+    """--out_dir inside the --dataset folder (or a glob's) leaves meta.json there, which the same command, run
+    again, read as data: "mixes file types (json, text)". The files a preparation writes are not its data."""
+    for n, args in enumerate((["--dataset=docs0", "--out_dir=docs0"], ["--dataset=docs1", "--out_dir=docs1/out"],
+                              ["--dataset=docs2/**/*", "--out_dir=docs2/out"])):
+        (tmp_path / f"docs{n}").mkdir()
+        for i in range(3):
+            (tmp_path / f"docs{n}" / f"doc{i}.txt").write_text(f"the text of document {i}, long enough to split. " * 5)
+        written = []
+        for _ in range(2):
+            status, _, err = run_main(*args, "--tokenizer=char", cwd=tmp_path)
+            assert status == 0, err
+            out_dir = str(tmp_path / args[1].partition("=")[2])
+            tok = tokenizer_from_meta(load_meta(out_dir))
+            written.append([tok.decode(open_split(out_dir, s).tolist()) for s in SPLITS])
+        assert written[0] == written[1] and "document 2" in written[0][1] and "{" not in "".join(written[0])
+
+
+def test_a_proxy_that_refuses_the_hub_is_one_line(tmp_path, run_main, datasets_cache, monkeypatch):
+    """A proxy that answers but will not pass (407: it wants a login, as a company's does) got past the check
+    that one is there, and datasets' download raised the HTTP library's own error: a traceback of 32 frames."""
+    import http.server
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_CONNECT(self):
+            self.send_response(407, "Proxy Authentication Required")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        do_GET = do_HEAD = do_CONNECT
+
+        def log_message(self, *args):
+            pass
+    def to_the_proxy_only(name, host):
+        def call(*args, **kwargs):
+            if host(args) != "127.0.0.1":
+                raise AssertionError(f"network access attempted: {args}")
+            return REAL_SOCKET[name](*args, **kwargs)
+        return call
+    monkeypatch.setattr(socket.socket, "connect", to_the_proxy_only("connect", lambda args: args[1][0]))
+    monkeypatch.setattr(socket, "create_connection", to_the_proxy_only("create_connection", lambda args: args[0][0]))
+    monkeypatch.setattr(socket, "getaddrinfo", to_the_proxy_only("getaddrinfo", lambda args: args[0]))
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy",
+              "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    for k in ("HTTPS_PROXY", "HTTP_PROXY"):  # every request goes to it, none past it
+        monkeypatch.setenv(k, f"http://127.0.0.1:{proxy.server_address[1]}")
+    import huggingface_hub
+    huggingface_hub.close_session()  # its client, made once a process, reads the proxy then: here, after it is set
+    try:
+        status, _, err = run_main("--dataset=someone/some_dataset", "--out_dir=out", cwd=tmp_path)
+    finally:
+        proxy.shutdown()
+        huggingface_hub.close_session()  # the next one is made without the proxy
+    assert_one_error_line(status, err, "could not load dataset 'someone/some_dataset' from the Hugging Face Hub "
+                                       "(ProxyError: 407 Proxy Authentication Required); check the network and any "
+                                       "proxy (HTTPS_PROXY), or use local files")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_datasets_cache_it_cannot_make_is_one_line_that_names_the_setting(tmp_path, run_main, monkeypatch):
