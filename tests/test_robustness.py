@@ -360,6 +360,10 @@ def test_the_same_characters_numbered_differently_are_named_so():
     # data with more characters: no "only the checkpoint's has ''"
     assert tokenizer_difference({"tokenizer": "char", "chars": "ab"}, {"tokenizer": "char", "chars": "abc"}) == \
         "character vocabularies: only the data's has 'c'"
+    # a CJK text's thousands of characters: their count and the first few, not a line of 9 KB
+    cjk = "".join(map(chr, range(0x4E00, 0x4E00 + 3000)))
+    assert tokenizer_difference({"tokenizer": "char", "chars": "ab"}, {"tokenizer": "char", "chars": "ab" + cjk}) == \
+        f"character vocabularies: only the data's has 3,000 characters, {cjk[:20]!r} and 2,980 more"
 
 
 def test_missing_checkpoint_is_a_value_error(tmp_path):
