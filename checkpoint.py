@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from configurator import as_typed, first_line, run_command, whole_number
+from data.prepare import prepare_command
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
                    same_folder, writable_directory)
@@ -197,8 +198,9 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
     differ = [f"{k}={v} (now {getattr(cfg, k)})" for k, v in differ.items()]
     if checkpoint["tokenizer"] != meta:  # the same vocabulary size is not the same vocabulary
         same_dir = same_folder(str(saved.get("data_dir", "")), cfg.data_dir)
-        remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on, or "
-                  "start a new run" if same_dir else
+        again = prepare_command(cfg.data_dir, checkpoint["tokenizer"].get("tokenizer"))  # as the run was tokenised
+        remedy = (f"{cfg.data_dir} was prepared again since: prepare it from the text the run was trained on "
+                  f"(`{again}`), or start a new run" if same_dir else
                   f"resume on the data it was trained on (--data_dir={as_typed(saved.get('data_dir', '...'))})")
         raise ValueError(f"{path} was trained on other tokens than {cfg.data_dir} holds "
                          f"({tokenizer_difference(checkpoint['tokenizer'], meta)}); {remedy}")

@@ -425,7 +425,7 @@ def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkey
     ("./data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=./data/openwebtext"),
     ("data/tiny_shakespeare_gpt2", "python data/prepare.py --tokenizer=gpt2 --plays=tiny"),
     ("data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=data/openwebtext"),
-    ("my_corpus", "python data/prepare.py --input=FILE --out_dir=my_corpus")])
+    ("my_corpus", "python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=my_corpus")])
 def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
     """The command as typed where the run started: here, outside the repository, prepare.py's path from there."""
     monkeypatch.chdir(tmp_path)  # where none of them is prepared
@@ -522,13 +522,15 @@ def test_every_shipped_config_reads_data_whose_preparation_is_known():
 
 
 def test_open_split_errors(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
+    # no meta.json to say which tokens: by character is named as the option it is (a model on a CPU starts there)
+    with pytest.raises(ValueError, match=re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")):
         open_split(str(tmp_path / "nowhere"), "train")
-    with pytest.raises(ValueError, match="python data/prepare.py --input=FILE --out_dir="):
+    with pytest.raises(ValueError, match=re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")):
         load_meta(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError) as e:  # a command to paste into a shell: a space does not split the path
         load_meta(str(tmp_path / "my data"))
-    assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE --out_dir='{tmp_path / 'my data'}'`")
+    assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE [--tokenizer=char] --out_dir='"
+                                 f"{tmp_path / 'my data'}'`")
     # a file of a char-level folder missing: prepared again by character, as the run trained (--input's default,
     # GPT-2's tokens, made data that its checkpoint then refused); GPT-2's tokens where meta.json says so
     for kind, flag in (("char", " --tokenizer=char"), ("gpt2", "")):

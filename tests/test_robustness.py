@@ -1712,7 +1712,8 @@ CASES = [
     Case("resume-on-its-own-data-dir-prepared-again", lambda c: train_args(
         c, "--init_from=resume", data=(prepare_char(TEXT.replace("a", "Z"), str(c.dir / "other")), c.dir / "other")[1],
         out=c.ckpt_with(lambda ck: _set(ck["config"], "data_dir", str(c.dir / "other") + "/"))),
-         lambda c: [f"{c.dir / 'other'} was prepared again since: prepare it from the text the run was trained on"]),
+         lambda c: [f"{c.dir / 'other'} was prepared again since: prepare it from the text the run was trained on",
+                    f"--input=FILE --tokenizer=char --out_dir={c.dir / 'other'}`), or start a new run"]),
     Case("resume-rng-torch-empty", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck["rng"], "torch", []))), lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
     Case("resume-rng-numpy-not-a-state", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
