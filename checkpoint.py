@@ -325,8 +325,8 @@ def tokenizer_difference(trained, data):
         only_data = "".join(sorted(set(data.get("chars", "")) - set(trained.get("chars", ""))))
         if not only_trained and not only_data:
             return "the same characters, numbered differently"
-        sides = [f"only the {whose} has {some_characters(chars)}" for whose, chars in (("checkpoint's", only_trained),
-                                                                                         ("data's", only_data)) if chars]
+        sides = [f"only the {whose} has {some_characters(chars)}"
+                 for whose, chars in (("checkpoint's", only_trained), ("data's", only_data)) if chars]
         return f"character vocabularies: {', '.join(sides)}"
     trained_name, data_name = (m.get("tokenizer", "?") if isinstance(m, dict) else "?" for m in (trained, data))
     return f"the checkpoint's tokenizer is {trained_name}, the data's {data_name}"

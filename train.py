@@ -252,7 +252,7 @@ def main(cfg):
     except KeyboardInterrupt as e:  # once train() runs, Ctrl-C is a stop request: this is before, nothing to save
         fail("interrupted before training started; nothing was trained", status=128 + interrupted_by(e))
     except DamagedTokens as e:  # found in a batch, by this rank alone
-        fail_alone(str(e), status=1)
+        fail_alone(damaged_tokens(e, cfg, data.meta, has_checkpoint(cfg, state)), status=1)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError too
         if ran_out_of_memory(e):
             fail_alone(out_of_memory(cfg, e, has_checkpoint(cfg, state), building=model is None), status=1)
@@ -954,6 +954,12 @@ def has_checkpoint(cfg, state):
 def what_is_kept(cfg, checkpointed):
     """What a run that stops on an error leaves: its last checkpoint (has_checkpoint), or nothing."""
     return f"the last checkpoint, {ckpt_path(cfg.out_dir)}, is kept" if checkpointed else "nothing was saved"
+
+
+def damaged_tokens(error, cfg, meta, checkpointed):
+    """The line for a run whose batch held a token past the vocabulary (DamagedTokens): the command that prepares
+    its data again, and what it kept (has_checkpoint)."""
+    return f"{error} (`{prepare_command(cfg.data_dir, meta['tokenizer'])}`); {what_is_kept(cfg, checkpointed)}"
 
 
 def out_of_memory(cfg, error, checkpointed, building=False):

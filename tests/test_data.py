@@ -523,9 +523,10 @@ def test_every_shipped_config_reads_data_whose_preparation_is_known():
 
 def test_open_split_errors(tmp_path, monkeypatch):
     # no meta.json to say which tokens: by character is named as the option it is (a model on a CPU starts there)
-    with pytest.raises(ValueError, match=re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")):
+    either = re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")
+    with pytest.raises(ValueError, match=either):
         open_split(str(tmp_path / "nowhere"), "train")
-    with pytest.raises(ValueError, match=re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")):
+    with pytest.raises(ValueError, match=either):
         load_meta(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError) as e:  # a command to paste into a shell: a space does not split the path
         load_meta(str(tmp_path / "my data"))

@@ -322,7 +322,9 @@ def test_a_token_file_damaged_since_it_was_prepared_is_one_line_not_a_traceback(
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [f"error: {path} holds token id {vocab}, outside the model's "
                                         f"vocabulary of {vocab}: "
-                                        "it changed since it was prepared; prepare the data again"], proc.stderr
+                                        "it changed since it was prepared; prepare the data again (`python data/"
+                                        f"prepare.py --input=FILE --tokenizer=char --out_dir={tmp_path / 'data'}`); "
+                                        "nothing was saved"], proc.stderr
 
 
 def test_no_byte_flipped_in_a_checkpoint_s_pickle_makes_a_traceback_or_a_warning(tmp_path):
