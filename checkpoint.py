@@ -7,6 +7,7 @@ temporary file beside the target, flushes it to disk and renames it over the old
 (files.atomic_write), so a crash or kill mid-save leaves the previous checkpoint intact. It cannot
 run code: loading uses torch.load(weights_only=True), tensors and plain Python data only.
 """
+import contextlib
 import fcntl
 import math
 import os
@@ -359,20 +360,30 @@ def claim_out_dir(out_dir, checkpoint_bytes, resuming=False):
     writer's from a live one's: another machine's pids are not this one's). Directories made here go again
     with the lock where the run leaves them empty (stopped before its first save, or refused here). Resuming,
     another folder holds no checkpoint: the error says to copy this one where it can be written."""
-    instead = "pick another --out_dir"
-    if resuming:
-        instead = (f"copy it to a folder that can be written (cp -r {shlex.quote(out_dir)} NEW) and resume there with "
-                   "--out_dir=NEW, or evaluate it where it is with --eval_only=true")
-    with writable_directory(out_dir, "out_dir", room=1 << 20, instead=instead) as made:  # leaves no empty out_dir
+    instead = f"{resume_elsewhere(out_dir)}, or evaluate it where it is with --eval_only=true" if resuming else \
+        "pick another --out_dir"
+    with writable_directory(out_dir, "out_dir", instead=instead) as made:  # leaves no empty out_dir
         pass
     lock_out_dir(out_dir, made)
-    clear_stale_temporaries(ckpt_path(out_dir))
+    clear_stale_temporaries(ckpt_path(out_dir), locked=True)
+    try:  # the room, once a killed save's file no longer takes it
+        with writable_directory(out_dir, "out_dir", room=1 << 20, instead=instead):
+            pass
+    except ValueError:
+        unlock_out_dir(out_dir)
+        raise
     free = shutil.disk_usage(out_dir).free
     if free < checkpoint_bytes:
         unlock_out_dir(out_dir)
         raise ValueError(f"out_dir={out_dir!r} has {free / 1e6:,.1f} MB free, and a checkpoint of this model "
                          f"takes at least {checkpoint_bytes / 1e6:,.1f} MB (its weights and optimizer state); "
                          f"free some space, or {instead}")
+
+
+def resume_elsewhere(out_dir):
+    """How to go on from out_dir's checkpoint where out_dir cannot be written."""
+    return (f"copy it to a folder that can be written (cp -r {shlex.quote(out_dir)} NEW) and resume there with "
+            "--out_dir=NEW")
 
 
 def smallest_checkpoint(model):
@@ -410,9 +421,10 @@ def lock_out_dir(out_dir, made=()):
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
     HELD_LOCKS[out_dir] = fd, made
+    os.ftruncate(fd, 0)
+    with contextlib.suppress(OSError):  # a full disk: the flock holds all the same, and claim_out_dir says what is full
+        os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
 
 
 def unlock_out_dir(out_dir):

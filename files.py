@@ -59,12 +59,14 @@ def temporary_path(path, pid):
     return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp{pid}")
 
 
-def clear_stale_temporaries(path):
+def clear_stale_temporaries(path, locked=False):
     """Remove the temporary files (temporary_path) of earlier writes of path whose process was killed
-    (SIGKILL leaves them, and data/prepare.py's may be gigabytes), never one whose process is still alive."""
+    (SIGKILL leaves them, and data/prepare.py's may be gigabytes), never one whose process is still alive.
+    locked: the caller alone may write path (out_dir's lock), so every one is stale, whatever process its name
+    gives (pids are reused: a container that starts again gives out its first ones again)."""
     for stale in glob.glob(temporary_path(glob.escape(os.path.abspath(path)), "*")):
         pid = stale.rsplit(".tmp", 1)[1]
-        if pid.isdigit() and not process_alive(int(pid)):
+        if pid.isdigit() and (locked or not process_alive(int(pid))):
             with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove: the write says if it matters
                 os.remove(stale)
 

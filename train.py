@@ -37,8 +37,8 @@ from tqdm.auto import tqdm
 from attention import check_backend
 from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_out_dir, check_resumable,
                         check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
-                        rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint, torch_rng_state,
-                        trained_settings, unlock_out_dir)
+                        resume_elsewhere, rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint,
+                        torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import (as_typed, check_at_least, check_folders_named, check_positive, check_types, config_from_argv,
                           expand_home, fail, first_line, interrupt_on_sigterm, interrupted_by, run_command, takes_type,
                           under_torchrun)
@@ -848,7 +848,8 @@ def train_step(state, wrapped_model, cfg, setup, multiplier):
 
 
 class StopRequest:
-    """From start() until release(): remembers a Ctrl-C (SIGINT) or SIGTERM instead of dying mid-step.
+    """From start() until release(): remembers a Ctrl-C (SIGINT), SIGTERM or a hang-up (SIGHUP: the terminal or
+    ssh session the run was started from went away) instead of dying mid-step; a hang-up ignored (nohup) stays so.
     From watch(): a reader of stdout that goes away (python train.py | head) is a stop request too
     (SIGPIPE), and what is printed after it is dropped, instead of a BrokenPipeError mid-training; and
     until start(), in a process of its own (not torchrun's), SIGTERM interrupts as Ctrl-C does, rather than
@@ -859,8 +860,9 @@ class StopRequest:
         self.signum, self.training, self.previous, self.stdout, self.line_buffering = 0, False, {}, None, None
 
     def start(self):
-        for s in (signal.SIGINT, signal.SIGTERM):  # what was there before watch() is what release() puts back
-            self.previous.setdefault(s, signal.signal(s, self.request))
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # what was there before watch(), release() puts back
+            if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN):
+                self.previous.setdefault(s, signal.signal(s, self.request))
         self.training = True
 
     def watch(self):
@@ -920,7 +922,7 @@ def save(state, cfg, data, setup, reason, final=False):
                       "rng": rng_state(state.batches.generator, torch_states), "run_id": state.run_id}
         problem, fix = write_checkpoint(checkpoint, path, cfg, state)
     if final:  # no evaluation is left to try again at
-        fail_together(problem and f"{problem}; {fix + ', or ' if fix else ''}pick another --out_dir, and run again",
+        fail_together(problem and after_a_failed_save(problem, fix, cfg, has_checkpoint(cfg, state)),
                       status=1, rank_0_checks=True)  # rank 0 writes it
     elif problem:
         print(f"warning: {problem}; {fix + ': ' if fix else ''}training goes on and tries again at the next evaluation")
@@ -942,6 +944,15 @@ def write_checkpoint(checkpoint, path, cfg, state):
         kept = f"; {path} still holds {whose} checkpoint" if os.path.exists(path) else ""
         fix = "free some space" if e.errno in NO_ROOM else "make out_dir writable" if e.errno in NOT_WRITABLE else ""
         return f"could not write {path} at iteration {state.iter_num}: {e.strerror or e}{kept}", fix
+
+
+def after_a_failed_save(problem, fix, cfg, checkpointed):
+    """The line for a run whose last save failed (write_checkpoint's problem and fix): go on from the checkpoint
+    it has (has_checkpoint), where it is once fixed or from a copy; else run again."""
+    if checkpointed:
+        here = f"{fix} and resume (--init_from=resume), or " if fix else ""
+        return f"{problem}; {here}{resume_elsewhere(cfg.out_dir)}"
+    return f"{problem}; {fix + ', or ' if fix else ''}pick another --out_dir, and run again"
 
 
 def has_checkpoint(cfg, state):

@@ -422,7 +422,7 @@ def test_sample_loads_a_wrapped_checkpoint(tmp_path):
 
 # ---- E. signals ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
@@ -459,6 +459,24 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
             kill_quietly(proc)
         resume = next(line for line in stdout.splitlines() if line.startswith("resume with: "))
         assert resume.count("--init_from=resume") == 1 and resume.endswith(" --init_from=resume"), resume
+
+
+def test_a_hang_up_that_nohup_ignores_does_not_stop_the_run(tmp_path, data_dir):
+    """nohup starts a run with SIGHUP ignored, so that it outlives the terminal: the handler that makes a hang-up a
+    stop (an ssh session that drops) must not undo that."""
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
+                             "--log_interval=1", "--max_iters=40"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    lines = Lines(proc)
+    try:
+        lines.wait_for(r"^iter \d+: loss ")
+        proc.send_signal(signal.SIGHUP)
+        rc, stdout, stderr = lines.finish()
+    finally:
+        kill_quietly(proc)
+    assert rc == 0 and "stopped by" not in stdout and load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 40, \
+        stdout[-2000:] + stderr[-2000:]
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py"])
@@ -1425,6 +1443,23 @@ def test_an_out_dir_without_room_for_one_checkpoint_is_refused_before_training(s
     killed = temporary_path(str(out / "ckpt.pt"), 2**22 + 12345)  # a process that is not there
     os.rename(small_disk / "filler", killed)
     claim_out_dir(str(out), 15_000_000)
+    unlock_out_dir(str(out))
+    assert os.listdir(out) == []
+
+
+def test_a_killed_save_s_file_is_cleared_first_whatever_pid_it_names(small_disk):
+    """A killed save's temporary file that took the disk's last room: the write probe, before it was cleared,
+    refused a resume for want of the space the leftover took; and one whose name gives a live process's pid
+    (pids are reused: a container that starts again gives out its first ones again) was kept for ever. The
+    lock's holder alone writes ckpt.pt, so every such file is stale."""
+    from checkpoint import claim_out_dir, unlock_out_dir
+    from files import temporary_path
+    out = small_disk / "out"
+    out.mkdir()
+    killed = temporary_path(str(out / "ckpt.pt"), os.getpid())  # a live process's pid: this one's
+    subprocess.run(["dd", "if=/dev/zero", f"of={killed}", "bs=1M", "count=40"], capture_output=True)
+    assert os.path.getsize(killed) > 29_000_000  # the disk is full
+    claim_out_dir(str(out), 1_000_000)
     unlock_out_dir(str(out))
     assert os.listdir(out) == []
 

@@ -990,6 +990,29 @@ def test_a_stop_whose_evaluation_cannot_save_says_so_once_and_does_not_promise_a
                        "some space, or pick another --out_dir, and run again\n"), out.err
 
 
+@pytest.mark.parametrize("errno_, fix", [(errno.ENOSPC, "free some space and resume (--init_from=resume), or "),
+                                         (errno.ENOENT, "")], ids=["disk-full", "out_dir-gone"])
+def test_a_resumed_run_whose_last_save_fails_says_how_to_go_on_from_its_checkpoint(tmp_path, data_dir, monkeypatch,
+                                                                                   capsys, errno_, fix):
+    """A resumed run keeps the checkpoint it started from: "pick another --out_dir, and run again" found no
+    checkpoint to resume there, and without --init_from=resume trained from scratch."""
+    import train
+    train.main(tiny_config(data_dir, tmp_path, compile=False, max_iters=2, eval_interval=2))
+    capsys.readouterr()
+
+    def cannot_write(checkpoint, path):
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(train, "save_checkpoint", cannot_write)
+    status, out = run_out_of_memory(tiny_config(data_dir, tmp_path, compile=False, max_iters=4, eval_interval=100,
+                                                init_from="resume"), capsys)
+    ckpt = tmp_path / "ckpt.pt"
+    assert status == 1 and out.err == (f"error: could not write {ckpt} at iteration 4: {os.strerror(errno_)}; {ckpt} "
+                                       f"still holds the previous checkpoint; {fix}copy it to a folder that can be "
+                                       f"written (cp -r {tmp_path} NEW) and resume there with --out_dir=NEW\n"), out.err
+    assert load(ckpt)["iter_num"] == 2
+
+
 def test_the_schedule_reaches_the_optimizers_and_decays_over_max_iters_by_default(tmp_path, data_dir, monkeypatch):
     """Every group of both optimizers steps at its peak rate times the schedule: a linear warm-up, then a
     cosine from the peak down to min_lr/learning_rate at max_iters (lr_decay_iters=0)."""
