@@ -269,9 +269,12 @@ def main(cfg):
 
 
 def print_start(cfg, iter_num, note):
-    """Where the run starts, if it resumes, and the notes on its settings."""
+    """Where the run starts, if it resumes or evaluates another model than out_dir's, and the notes on its settings."""
     if cfg.init_from == "resume":
         print(f"{'evaluating' if cfg.eval_only else 'resuming from'} {ckpt_path(cfg.out_dir)} at iteration {iter_num}")
+    elif cfg.eval_only and os.path.isfile(ckpt_path(cfg.out_dir)):  # whose numbers a reader would take for its own
+        print(f"evaluating the model of init_from={cfg.init_from}, not {ckpt_path(cfg.out_dir)}: --init_from=resume "
+              "evaluates that")
     if note:
         print(note)
 

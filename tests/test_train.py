@@ -438,7 +438,11 @@ def test_resuming_a_finished_run_is_one_line_and_writes_nothing(tmp_path, data_d
     # nothing trains: the optimizer is the one whose state the checkpoint holds (Muon's), whatever the flag says
     train.main(dataclasses.replace(cfg, init_from="resume", eval_only=True, optimizer="adamw"))
     out = capsys.readouterr().out
-    assert "val loss" in out and "note:" not in out, out
+    assert "val loss" in out and "note:" not in out and "not " + str(tmp_path / "ckpt.pt") not in out, out
+    # without init_from=resume it evaluates a new model, as nanoGPT does: said, lest its losses pass for the run's
+    train.main(dataclasses.replace(cfg, eval_only=True))
+    assert f"evaluating the model of init_from=scratch, not {tmp_path / 'ckpt.pt'}: --init_from=resume evaluates " \
+        "that\n" in capsys.readouterr().out
     more = dict(max_iters=4) if limit == "max_iters" else dict(max_seconds=1.0)
     train.main(dataclasses.replace(cfg, init_from="resume", **more))
     assert load(tmp_path / "ckpt.pt")["iter_num"] > done["iter_num"]
