@@ -356,8 +356,8 @@ def check_out_dir(out_dir, resuming, overwrite):
 def claim_out_dir(out_dir, checkpoint_bytes, resuming=False):
     """Once every check has passed, before training (not after hours of it): out_dir can be written (a 1 MiB
     probe: not read-only), it is this run's alone (lock_out_dir), and it has room for a checkpoint of at least
-    checkpoint_bytes once a killed save's temporary file is gone (the lock's holder alone may tell a dead
-    writer's from a live one's: another machine's pids are not this one's). Directories made here go again
+    checkpoint_bytes once a killed save's temporary file is gone (the lock's holder alone writes ckpt.pt, so
+    every such file it finds is stale, whatever process its name gives). Directories made here go again
     with the lock where the run leaves them empty (stopped before its first save, or refused here). Resuming,
     another folder holds no checkpoint: the error says to copy this one where it can be written."""
     instead = f"{resume_elsewhere(out_dir)}, or evaluate it where it is with --eval_only=true" if resuming else \

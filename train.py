@@ -208,7 +208,7 @@ def fits_every_width(cfg, n_head):
 
 def main(cfg):
     """Train a GPT as cfg says and return it (unwrapped); torch's deterministic mode is left as it was."""
-    stop = StopRequest()  # in training Ctrl-C or SIGTERM finish the step, save and exit non-zero; before, one line
+    stop = StopRequest()  # in training a signal (Ctrl-C, SIGTERM) finishes the step, saves, exits; before, one line
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         error, note, model, state = None, "", None, None
