@@ -451,6 +451,19 @@ def test_the_default_corpus_is_prepared_under_any_spelling_of_its_folder(tmp_pat
         assert prepared[i:] == [spelling.format(here=tmp_path / str(i))] and len(data.train) > 0
 
 
+def test_a_run_reads_each_split_from_its_own_file(tmp_path):
+    """train.load_data: the training tokens from train.bin, the validation ones from val.bin. Reading train.bin
+    for both made the val loss the train loss, and no test noticed (the evaluation's tests build their data)."""
+    import train
+    prepare_char("to be or not to be " * 30, str(tmp_path / "d"), val_text="that is the question " * 5)
+    setup = train.Setup(rank=0, local_rank=0, world_size=1, distributed=False, fsdp=False, accumulation_steps=1,
+                        device="cpu", dtype=torch.float32)
+    data = train.load_data(train.TrainConfig(data_dir=str(tmp_path / "d")), setup)
+    tok = tokenizer_from_meta(data.meta)
+    assert tok.decode(data.train.tolist()) == "to be or not to be " * 30
+    assert tok.decode(data.val.tolist()) == "that is the question " * 5
+
+
 def test_token_files_of_ones_own_in_the_default_folder_are_refused_not_replaced(tmp_path, monkeypatch):
     """data/shakespeare_char holding train.bin and val.bin but no meta.json (another tool's, or a nanoGPT checkout's
     files copied in): train.py's first-run preparation wrote the corpus over them. Now one line, and the files as
@@ -1258,6 +1271,17 @@ def test_a_batch_holds_windows_from_its_offsets_and_targets_one_token_further():
     assert x.shape == y.shape == (4, 8) and x.dtype == torch.long
     assert torch.equal(x, offsets[:, None] + torch.arange(8))
     assert torch.equal(y, x + 1), "each target is the token after its input"
+
+
+def test_the_batches_follow_the_seed():
+    """The same seed draws the same batches, another seed others: a sampler seeded alike whatever --seed says
+    would leave a sweep over seeds varying the initial weights alone, unsaid."""
+    from data.loader import Batches
+    tokens = np.arange(1000, dtype=np.uint16)
+
+    def offsets(seed):
+        return Batches(tokens, block_size=8, batch_size=4, seed=seed, device="cpu").offsets(3)
+    assert torch.equal(offsets(1), offsets(1)) and not torch.equal(offsets(1), offsets(2))
 
 
 def test_batch_offsets_reach_the_last_window_and_no_further():

@@ -1070,6 +1070,20 @@ def test_compile_warms_up_every_shape_that_sampling_then_meets(sampling_out_dir,
     assert len(shapes) == 40 and set(shapes) <= warmed_up, (set(shapes) - warmed_up, warmed_up)
 
 
+def test_sampling_without_the_cache_never_makes_one(sampling_out_dir, monkeypatch, capsys):
+    """use_kv_cache=False (sample.py --use_kv_cache=false) runs the whole window for every token: the reference
+    that each "cached == uncached" test compares with. A stream that made a cache anyway, or sample.py passing
+    True whatever the flag said, left those tests comparing the cache with itself, and passing."""
+    import sample
+    cfg = sample.SampleConfig(out_dir=str(sampling_out_dir), device="cpu", use_kv_cache=False, max_new_tokens=10)
+    model, tokenizer = sample.load_model(cfg)
+    ids = tokenizer.encode("All")
+    monkeypatch.setattr(GPT, "new_kv_cache", lambda self: pytest.fail("a KV cache was made"))
+    assert model.generate(torch.tensor([ids]), 5, use_kv_cache=False).shape == (1, len(ids) + 5)
+    sample.write_samples(model, tokenizer, "All", ids, cfg)
+    assert capsys.readouterr().out.count("All") == cfg.num_samples
+
+
 def test_a_compile_that_fails_without_a_message_is_one_line(sampling_out_dir, monkeypatch, capsys):
     """Inductor's bare asserts raise an AssertionError that says nothing: sample.py's line about the
     failed compile took the first line of an empty message, an IndexError's traceback."""
