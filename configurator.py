@@ -12,6 +12,7 @@ sample.py, PrepareConfig in data/prepare.py.
 import ast
 import dataclasses
 import difflib
+import glob
 import inspect
 import io
 import math
@@ -307,25 +308,30 @@ def bash_escaped(c):
     return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
 
 
-def help_text(cls):
-    """What --help prints: every setting with its default, its meaning and its type, in columns. A
-    class whose arguments mean something else says so in its USAGE (a ClassVar)."""
-    hints, defaults, comments = typing.get_type_hints(cls), cls(), field_comments(cls)
-    flags = {f.name: f"--{f.name}={as_typed(getattr(defaults, f.name))}" for f in dataclasses.fields(cls)}
+def help_text(cls, given=None, sources=()):
+    """What --help prints: every setting with its default, its meaning and its type, in columns; where config
+    files came before --help (sources), the values they set (given) in place of the defaults. A class whose
+    arguments mean something else says so in its USAGE (a ClassVar)."""
+    hints, comments = typing.get_type_hints(cls), field_comments(cls)
+    values = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+              for f in dataclasses.fields(cls)}  # as declared: __post_init__ may fill some from others
+    flags = {name: f"--{name}={as_typed(value)}" for name, value in {**values, **(given or {})}.items()}
     width = max(map(len, flags.values()))
     usage = getattr(cls, "USAGE", "[config.toml ...] [--key=value ...]\n"
                                   "A TOML file overrides the defaults below; --key=value overrides both.")
     lines = [f"usage: python {os.path.relpath(sys.argv[0])} {usage}", ""]
+    if sources:
+        lines += [f"The values below are the defaults as {', '.join(sources)} set{'s' * (len(sources) == 1)} them.", ""]
     lines += [f"  {flag:<{width}}  {comments.get(name, '')} [{type_name(hints[name])}]" for name, flag in flags.items()]
     return "\n".join(lines)
 
 
-def print_help(cls):
+def print_help(cls, given=None, sources=()):
     """Print help_text and exit 0; a reader that leaves early (python train.py --help | head) ends it
     quietly, with 128 + SIGPIPE as a Unix tool would, not with a BrokenPipeError; a full disk under
     stdout is one line."""
     try:
-        print(help_text(cls), flush=True)
+        print(help_text(cls, given, sources), flush=True)
     except BrokenPipeError:
         silence(sys.stdout)
         sys.exit(128 + signal.SIGPIPE)
@@ -334,58 +340,99 @@ def print_help(cls):
     sys.exit(0)
 
 
+HELP = ("-h", "--help")
+
+
 def load_config(cls, argv):
-    """Build a `cls` dataclass from defaults, then TOML files, then --key=value flags, in that order."""
+    """Build a `cls` dataclass from defaults, then TOML files, then --key=value flags, in that order; --help
+    prints the settings, with the values that the files set."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for name in names:  # a field a forker added with another type (a tuple) was read as its text's characters
         if not settable(hints[name]):
             raise ConfigError(f"{cls.__name__}.{name} has a type that --key=value and TOML cannot set "
                               f"({hints[name]}); give it one of: {SETTABLE_TYPES}")
-    if any(a in ("-h", "--help") for a in argv):
-        print_help(cls)
-
-    def check_key(key, where):
-        if key not in names:  # a field: the class's ClassVars (USAGE, ...) have type hints too
-            near = difflib.get_close_matches(key, names, n=1)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")
-
-    for arg in [a for a in argv if a.startswith("--") and "=" not in a]:  # before files: `--input a.txt` is this
-        raise ConfigError(f"write flags as --key=value (e.g. {arg}=...), got {arg!r}")
+    for arg in [a for a in argv if a.startswith("-") and a not in HELP]:  # before files: `--input a.txt` is this
+        if not arg.startswith("--"):
+            raise ConfigError(f"flags take two dashes: --{arg.lstrip('-')}, got {arg!r}")
+        if "=" not in arg:
+            raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")
+    files = [a for a in argv if not a.startswith("-")]
     values = {}
-    for path in [a for a in argv if not a.startswith("--")]:  # files first, so flags win
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} is a {'directory' if os.path.isdir(path) else 'pipe or device'}; "
-                              "give a TOML file")
-        if not os.path.isfile(path) and re.fullmatch(r"[A-Za-z_]\w*=.*", path, re.S):  # nanoGPT's way: key=value
-            raise ConfigError(f"{path!r} is neither a config file nor a flag; did you mean --{path}?")
-        if not os.path.isfile(path):
-            shipped = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
-            here = [os.path.join("configs", name) for name in shipped]
-            listed = f"; the config files here: {', '.join(here)}" if here else ""  # each as it is given
-            raise ConfigError(f"config file {path!r} not found{listed}")
-        try:
-            with open(path, "rb") as f:
-                table = tomllib.load(f)
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML files are UTF-8
-            raise ConfigError(f"{path} is not valid TOML: {e}") from None
-        except OSError as e:  # no permission to read it, say
-            raise ConfigError(f"cannot read config file {path!r}: {e.strerror or e}") from None
-        for key, value in table.items():
-            check_key(key, path)
+    for path in files:  # files first, so flags win
+        for key, value in read_config_file(path, names).items():
             try:
                 values[key] = convert(key, hints[key], value, from_text=False)
             except ConfigError as e:  # with several files and flags, which one said it
                 raise type(e)(f"{path}: {e}") from None
-    for arg in [a for a in argv if a.startswith("--")]:
+    if any(a in HELP for a in argv):
+        print_help(cls, values, files)
+    for arg in [a for a in argv if a.startswith("--") and a not in HELP]:
         key, _, raw = arg[2:].partition("=")
-        check_key(key, "the command line")
+        check_key(key, names, "the command line")
         values[key] = convert(key, hints[key], raw, from_text=True)
     try:
         return cls(**values)
     except ValueError as e:  # the dataclass's own range checks
         raise ConfigError(str(e)) from None
+
+
+def check_key(key, names, where):
+    """ConfigError unless key is one of names (a class's fields), with the nearest if one is near: a typo's."""
+    if key not in names:  # a field: the class's ClassVars (USAGE, ...) have type hints too
+        near = difflib.get_close_matches(key, names, n=1, cutoff=0.75)  # 0.6 took out_dir for data_dir
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")
+
+
+def read_config_file(path, names):
+    """{setting: value} from the TOML file at path, each checked to be one of names, or a ConfigError that says
+    what the file is instead: a run's folder, GPT-2's weights, a checkpoint, TOML written as Python."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} is a {'directory' if os.path.isdir(path) else 'pipe or device'}; "
+                          f"give a TOML file{meant_as_a_folder(path, names)}")
+    if not os.path.isfile(path) and re.fullmatch(r"[A-Za-z_]\w*=.*", path, re.S):  # nanoGPT's way: key=value
+        raise ConfigError(f"{path!r} is neither a config file nor a flag; did you mean --{path}?")
+    if not os.path.isfile(path):
+        shipped = sorted(os.listdir("configs")) if os.path.isdir("configs") else []
+        here = [os.path.join("configs", name) for name in shipped]
+        listed = f"; the config files here: {', '.join(here)}" if here else ""  # each as it is given
+        raise ConfigError(f"config file {path!r} not found{listed}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(0)
+            table = tomllib.loads(f.read().decode("utf-8-sig"))  # a BOM, as some editors write: not TOML's, but no harm
+    except UnicodeDecodeError as e:  # TOML files are UTF-8
+        if head.startswith(b"PK"):  # torch.save's zip
+            raise ConfigError(f"{path} is a checkpoint, not a config file{meant_as_a_folder(path, names, True)}") \
+                from None
+        raise ConfigError(f"{path} is not valid TOML: {e}; save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as e:  # Python's False and None, or --help's none, are the likely values
+        how = " (TOML writes true and false in lower case, and text in quotes: top_k = \"none\")" * str(e).startswith(
+            "Invalid value")
+        raise ConfigError(f"{path} is not valid TOML: {e}{how}") from None
+    except OSError as e:  # no permission to read it, say
+        raise ConfigError(f"cannot read config file {path!r}: {e.strerror or e}") from None
+    for key, value in table.items():
+        check_key(key, names, path)
+        if isinstance(value, dict):  # [section]: a table of settings, where they all go at the top
+            raise ConfigError(f"{path}: [{key}] is a section; write its settings without it, at the top level")
+    return table
+
+
+def meant_as_a_folder(path, names, checkpoint=False):
+    """Where path, given as a config file, is a run's folder (a checkpoint in it) or GPT-2's weights (their
+    config.json), or itself a checkpoint: the setting that takes it, for a script whose out_dir is a run's and
+    that takes weights (train.py, sample.py); else ""."""
+    if "init_from" not in names or "out_dir" not in names:
+        return ""
+    if checkpoint or glob.glob(os.path.join(glob.escape(path), "*.pt")):
+        folder = (os.path.dirname(path) or ".") if checkpoint else path
+        return f"; for a run's checkpoint, give its folder as --out_dir={as_typed(folder)}"
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return f"; for GPT-2's weights, give --init_from={as_typed(path)}"
+    return ""
 
 
 def config_from_argv(cls):

@@ -1792,7 +1792,7 @@ def test_optional_none(SampleConfig, tmp_path):
     assert load_config(SampleConfig, ["--attention=none"]).attention is None
 
 
-def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig):
+def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig, SampleConfig):
     for argv in (["--n_layr=2"], [toml(tmp_path, "n_layr = 2\n")]):
         with pytest.raises(ConfigError) as e:
             load_config(TrainConfig, argv)
@@ -1802,6 +1802,10 @@ def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig):
     with pytest.raises(ConfigError, match="xyzzy") as e:
         load_config(TrainConfig, ["--xyzzy=1"])
     assert "did you mean" not in str(e.value)  # no close match, no suggestion
+    # another script's setting is not a typo of this one's: train.py's data_dir in sample.py was "out_dir?"
+    for cls, key in ((SampleConfig, "data_dir"), (TrainConfig, "max_new_tokens")):
+        with pytest.raises(ConfigError, match=rf"^unknown setting '{key}' in the command line; valid settings"):
+            load_config(cls, [f"--{key}=1"])
 
 
 DTYPES = "'auto' | 'float32' | 'bfloat16' | 'float16'"
@@ -1942,8 +1946,81 @@ def test_invalid_toml(tmp_path, TrainConfig):
 def test_toml_that_is_not_utf8(tmp_path, TrainConfig):
     path = tmp_path / "latin1.toml"
     path.write_bytes('out_dir = "caf\u00e9"\n'.encode("latin-1"))
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match="not valid TOML: .*; save it as UTF-8$"):
         load_config(TrainConfig, [str(path)])
+
+
+def test_toml_written_as_python_or_in_sections_says_how_toml_writes_it(tmp_path, TrainConfig):
+    """nanoGPT's configs are Python (compile = False), --help writes None as none, and a TOML file may have
+    sections: the parser's own "Invalid value (at line 1, column 11)", and [optimizer]'s table taken for a
+    value of optimizer, said nothing of the fix. An editor's byte-order mark is read past, as a prompt's is."""
+    for text in ("compile = False\n", "top_k = none\n"):
+        with pytest.raises(ConfigError, match=r"not valid TOML: Invalid value .*\(TOML writes true and false in lower "
+                                              r"case, and text in quotes: top_k = \"none\"\)$"):
+            load_config(TrainConfig, [toml(tmp_path, text)])
+    with pytest.raises(ConfigError, match=r"cfg.toml: \[optimizer\] is a section; write its settings without it, at "
+                                          r"the top level$"):
+        load_config(TrainConfig, [toml(tmp_path, "[optimizer]\nlearning_rate = 1e-3\n")])
+    (tmp_path / "bom.toml").write_bytes("\ufeffn_layer = 3\n".encode("utf-8"))
+    assert load_config(TrainConfig, [str(tmp_path / "bom.toml")]).n_layer == 3
+
+
+def test_a_run_s_folder_or_weights_given_as_a_config_file_names_the_setting_that_takes_them(tmp_path, TrainConfig,
+                                                                                           SampleConfig):
+    """python sample.py out (without --out_dir=) said "is a directory; give a TOML file", and out/ckpt.pt "is not
+    valid TOML: 'utf-8' codec can't decode byte 0x80". data/prepare.py, whose out_dir is the data's, is told no
+    more than that."""
+    from checkpoint import save_checkpoint
+    from data.prepare import PrepareConfig
+    (tmp_path / "run").mkdir()
+    save_checkpoint({"iter_num": 1}, str(tmp_path / "run" / "ckpt.pt"))
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text("{}")
+    run, weights = tmp_path / "run", tmp_path / "gpt2"
+    for cls in (TrainConfig, SampleConfig):
+        for path, says in ((run, f"is a directory; give a TOML file; for a run's checkpoint, give its folder as "
+                                 f"--out_dir={run}"),
+                           (run / "ckpt.pt", f"is a checkpoint, not a config file; for a run's checkpoint, give its "
+                                             f"folder as --out_dir={run}"),
+                           (weights, "is a directory; give a TOML file; for GPT-2's weights, give "
+                                     f"--init_from={weights}")):
+            with pytest.raises(ConfigError) as e:
+                load_config(cls, [str(path)])
+            assert str(e.value).endswith(says), e.value
+    with pytest.raises(ConfigError) as e:
+        load_config(PrepareConfig, [str(run)])
+    assert str(e.value).endswith("is a directory; give a TOML file"), e.value
+
+
+def test_a_single_dash_or_a_bare_double_dash_is_named_as_such(TrainConfig):
+    """-n_layer=2 was looked for as a config file ("not found; the config files here: ..."), and -- was told to
+    write flags "(e.g. --=...)"."""
+    with pytest.raises(ConfigError, match=r"^flags take two dashes: --n_layer=2, got '-n_layer=2'$"):
+        load_config(TrainConfig, ["-n_layer=2"])
+    with pytest.raises(ConfigError, match=r"^write flags as --key=value, got '--'$"):
+        load_config(TrainConfig, ["--", "--n_layer=2"])
+
+
+def test_help_after_config_files_shows_the_values_they_set(tmp_path, TrainConfig, capsys):
+    """python train.py configs/gpt2_124m.toml --help showed --n_layer=4, the default, and did not read the file
+    (one that did not exist exited 0); the values it sets are what a reader of that help wants."""
+    path = toml(tmp_path, "n_layer = 12\nlearning_rate = 6e-4\n")
+    with pytest.raises(SystemExit) as exit:
+        load_config(TrainConfig, [path, "--help", "--n_head=3"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and f"The values below are the defaults as {path} sets them." in out
+    assert "  --n_layer=12 " in out and "  --learning_rate=0.0006 " in out and "  --n_head=4 " in out, out
+    with pytest.raises(ConfigError, match="config file 'no.toml' not found"):
+        load_config(TrainConfig, ["no.toml", "--help"])
+
+
+def test_help_shows_each_setting_s_declared_default_not_one_filled_in_from_another():
+    """bench/sample.py fills its shape from --reference in __post_init__: --help showed nanoGPT's n_layer=4 and
+    temperature=1.0 as defaults, and --reference=transformers --temperature=1.0, a shown default, was refused."""
+    from bench.sample import SampleBench
+    from configurator import help_text
+    text = help_text(SampleBench)
+    assert "  --n_layer=none " in text and "  --temperature=none " in text, text
 
 
 def test_config_file_that_cannot_be_read(tmp_path, TrainConfig, monkeypatch):
