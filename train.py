@@ -126,9 +126,10 @@ class TrainConfig(GPTConfig):
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
         if self.max_seconds == 0 and self.lr_decay_iters and self.lr_decay_iters <= self.warmup_iters:
+            until_max_iters = ", or to 0 to decay until max_iters" * (self.max_iters > self.warmup_iters + 1)
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} would end the decay before warm-up ends "
-                             f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}, "
-                             "or to 0 to decay until max_iters")
+                             f"(warmup_iters={self.warmup_iters}); set --lr_decay_iters above {self.warmup_iters}"
+                             f"{until_max_iters}")
         check_threads(self.threads)
         check_folders_named(self, "out_dir", "data_dir")
         expand_home(self, "out_dir", "data_dir", "init_from")

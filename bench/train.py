@@ -139,6 +139,15 @@ def train_config(cfg):
         fail(e)
 
 
+def unused_note(tcfg):
+    """A line naming what the config sets that this benchmark does not use ("" where nothing): its weights
+    (the model is random, of the shape shown) and its micro-steps (--grad_accum sets them)."""
+    unused = [f"{name}={as_typed(getattr(tcfg, name))}" for name in ("init_from", "gradient_accumulation_steps")
+              if getattr(tcfg, name) != getattr(DEFAULTS, name)]
+    return f"note: not used here: {', '.join(unused)} (random weights of the shape above; --grad_accum sets the " \
+           "micro-steps)\n" if unused else ""
+
+
 def vocab_size(cfg, tcfg):
     """(vocabulary size, where it came from): as train.py would pick it, unless --vocab_size is given."""
     if cfg.vocab_size:
@@ -492,6 +501,7 @@ def main(cfg):
     print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
           f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
           f"{cfg.config or 'TrainConfig defaults'}")
+    print(unused_note(tcfg) or "", end="")
     tokens = random_tokens(cfg, tcfg, vocab)
 
     variants, rows = [], []

@@ -47,6 +47,18 @@ def test_every_variant_of_a_dtype_is_scored_against_one_peak(monkeypatch):
         r["tokens_per_s"] / recs[1]["tokens_per_s"]) for r in recs)
 
 
+def test_a_config_s_weights_and_micro_steps_that_the_step_bench_does_not_use_are_named():
+    """bench/train.py with the fine-tuning config timed random weights of this repo's blocks, batch x 1, and
+    said nothing of the config's init_from=gpt2 and gradient_accumulation_steps=4."""
+    import bench.train as bench_train
+    from configurator import load_config
+    from train import TrainConfig
+    tcfg = load_config(TrainConfig, [os.path.join(ROOT, "configs", "finetune_gpt2_shakespeare.toml")])
+    assert bench_train.unused_note(tcfg) == ("note: not used here: init_from=gpt2, gradient_accumulation_steps=4 "
+                                             "(random weights of the shape above; --grad_accum sets the micro-steps)\n")
+    assert bench_train.unused_note(TrainConfig()) == ""
+
+
 def test_a_failure_in_a_result_is_one_line_that_never_repeats_its_type():
     """Inductor's bare asserts say nothing: a result's message read "AssertionError: AssertionError"."""
     from bench.benchutil import failure
