@@ -358,11 +358,11 @@ def load_config(cls, argv):
         if "=" not in arg:
             raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")
     files = [a for a in argv if not a.startswith("-")]
-    values = {}
+    values, set_in = {}, {}  # set_in: the file that set a value, where no flag set it since
     for path in files:  # files first, so flags win
         for key, value in read_config_file(path, names).items():
             try:
-                values[key] = convert(key, hints[key], value, from_text=False)
+                values[key], set_in[key] = convert(key, hints[key], value, from_text=False), path
             except ConfigError as e:  # with several files and flags, which one said it
                 raise type(e)(f"{path}: {e}") from None
     if any(a in HELP for a in argv):
@@ -371,10 +371,12 @@ def load_config(cls, argv):
         key, _, raw = arg[2:].partition("=")
         check_key(key, names, "the command line")
         values[key] = convert(key, hints[key], raw, from_text=True)
+        set_in.pop(key, None)
     try:
         return cls(**values)
-    except ValueError as e:  # the dataclass's own range checks
-        raise ConfigError(str(e)) from None
+    except ValueError as e:  # the dataclass's own range checks, which may name a value the user did not type
+        named = [f"{key} is set in {path}" for key, path in set_in.items() if re.search(rf"\b{key}\b", str(e))]
+        raise ConfigError(str(e) + (f" ({'; '.join(named)})" if named else "")) from None
 
 
 def check_key(key, names, where):

@@ -2156,6 +2156,18 @@ def test_too_little_data_for_a_resumed_run_is_not_told_to_change_block_size(Trai
         train.check_data(TrainConfig(block_size=16, init_from="resume"), data)
 
 
+def test_a_value_out_of_range_names_the_config_file_that_set_it(tmp_path, TrainConfig):
+    """configs/finetune_gpt2_shakespeare.toml sets min_lr=3e-5: with --learning_rate=1e-5 the error named min_lr,
+    which the user never typed, and not the file it came from. A value the command line set is the user's own."""
+    path = toml(tmp_path, "min_lr = 3e-5\nbeta2 = 0.95\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, [path, "--learning_rate=1e-5"])
+    assert str(e.value).endswith(f"it must be at most that (min_lr is set in {path})"), e.value
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, [path, "--beta2=1.0"])
+    assert str(e.value) == "beta2 must be in [0, 1), got 1.0", e.value
+
+
 def test_the_decay_must_end_after_the_warm_up(TrainConfig):
     """In iterations (max_seconds=0); under max_seconds the schedule follows the clock and lr_decay_iters
     is not used, so it is not refused there."""
