@@ -588,10 +588,11 @@ def test_under_torchrun_the_clock_stops_the_ranks_whatever_log_interval_is(tmp_p
     proc.communicate(timeout=120)
     assert proc.returncode == 0, rank_logs(logs, "stderr")
     done = re.search(r"done: (\d+) iterations in ([\d.]+) s of training", rank_logs(logs, "stdout")[0])
-    # within a second of it: the schedule's own arithmetic near the end is test_distributed's; here a step
-    # slowed by the other tests on a 2-core machine carried one run to 3.6 s. The ranks stop on the largest of
-    # their clocks, and rank 0's own, which its line reports, may be behind it (2.9 s, with the other tests)
-    assert done and 2.5 <= float(done.group(2)) < 4 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
+    # within two seconds of it: the schedule's own arithmetic near the end is test_distributed's; here a step
+    # slowed by the other tests on a 2-core machine carried one run to 3.6 s (a machine's minute can halve its
+    # speed). The ranks stop on the largest of their clocks, and rank 0's own, which its line reports, may be
+    # behind it (2.9 s, with the other tests)
+    assert done and 2.5 <= float(done.group(2)) < 5 and int(done.group(1)) < 1000000, rank_logs(logs, "stdout")[0]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc to know that the workers train")
