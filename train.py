@@ -40,8 +40,8 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         resume_elsewhere, rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint,
                         torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import (as_typed, check_at_least, check_folders_named, check_positive, check_types, config_from_argv,
-                          expand_home, fail, first_line, interrupt_on_sigterm, interrupted_by, run_command, takes_type,
-                          under_torchrun)
+                          expand_home, fail, first_line, interrupt_on_hang_up, interrupt_on_sigterm, interrupted_by,
+                          run_command, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
                           prepare_default_corpus, split_paths)
@@ -872,6 +872,9 @@ class StopRequest:
     def watch(self):
         if not under_torchrun():  # a rank would wait for its peers at the group's exit: torchrun's SIGTERM ends it
             self.previous[signal.SIGTERM] = interrupt_on_sigterm()
+            hang_up = interrupt_on_hang_up()
+            if hang_up is not None:
+                self.previous[signal.SIGHUP] = hang_up
         self.stdout, sys.stdout = sys.stdout, OutputThatMayClose(sys.stdout, self.output_closed)
         # a line at a time into a pipe too (| tee, | head), not a block buffer that holds minutes of the log
         self.line_buffering = getattr(self.stdout, "line_buffering", None)

@@ -1234,10 +1234,11 @@ def test_ctrl_c_amid_torchs_lazy_imports_is_one_line(tmp_path, data_dir):
     assert not (tmp_path / "runs").exists()
 
 
-def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_path, data_dir):
-    """SIGTERM (a job scheduler's, `timeout`'s) before training starts, here while torch.compile works for
-    half a minute: nothing to save, so one line, 128 + SIGTERM, and the out_dir made for this run and its lock
-    taken away. It ended the process at once: no word, and an out_dir holding a .lock."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_path, data_dir, signum):
+    """SIGTERM (a job scheduler's, `timeout`'s) or a hang-up before training starts, here while torch.compile works
+    for half a minute: nothing to save, so one line, 128 + the signal, and the out_dir made for this run and its
+    lock taken away. It ended the process at once: no word, and an out_dir holding a .lock."""
     slow_compile = ("import sys, time\nimport train\n"
                     "def compile_model(model, cfg, setup, optimizers):\n    print('compiling', flush=True)\n"
                     "    for _ in range(1200):\n        time.sleep(0.05)\n"
@@ -1251,11 +1252,11 @@ def test_sigterm_while_the_model_compiles_is_one_line_and_leaves_no_out_dir(tmp_
     try:
         lines.wait_for(r"^compiling$")
         assert (out / ".lock").exists()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         rc, _, stderr = lines.finish()
     finally:
         kill_quietly(proc)
-    assert rc == 128 + signal.SIGTERM and stderr == "error: interrupted before training started; nothing was trained\n"
+    assert rc == 128 + signum and stderr == "error: interrupted before training started; nothing was trained\n"
     assert not (tmp_path / "runs").exists()
 
 
