@@ -366,12 +366,11 @@ def load_config(cls, argv):
         if not settable(hints[name]):
             raise ConfigError(f"{cls.__name__}.{name} has a type that --key=value and TOML cannot set "
                               f"({hints[name]}); give it one of: {SETTABLE_TYPES}")
-    for arg in [a for a in argv if a.startswith("-") and a not in HELP]:  # before files: `--input a.txt` is this
-        if not arg.startswith("--"):
-            raise ConfigError(f"flags take two dashes: --{arg.lstrip('-')}, got {arg!r}")
-        if "=" not in arg:
-            raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")
-    files = [a for a in argv if not a.startswith("-")]
+    for arg in [a for a in argv if a.startswith("--") and "=" not in a and a != "--help"]:  # before files:
+        raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")  # --input a
+    for arg in [a for a in argv if re.fullmatch(r"-[A-Za-z_]\w*=.*", a, re.S)]:  # else a file's name, as before
+        raise ConfigError(f"flags take two dashes: -{arg}, got {arg!r}")
+    files = [a for a in argv if not a.startswith("--") and a != "-h"]
     values, set_in = {}, {}  # set_in: the file that set a value, where no flag set it since
     for path in files:  # files first, so flags win
         for key, value in read_config_file(path, names).items():
@@ -396,7 +395,8 @@ def load_config(cls, argv):
 def check_key(key, names, where):
     """ConfigError unless key is one of names (a class's fields), with the nearest if one is near: a typo's."""
     if key not in names:  # a field: the class's ClassVars (USAGE, ...) have type hints too
-        near = difflib.get_close_matches(key, names, n=1, cutoff=0.75)  # 0.6 took out_dir for data_dir
+        near = [name for name in names if name.startswith(key)][:1] or difflib.get_close_matches(  # --batch, a typo
+            key, names, n=1, cutoff=0.75)  # 0.6 took out_dir for data_dir, as near as batch is to batch_size
         hint = f"did you mean {near[0]!r}? " if near else ""
         raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")
 
@@ -420,9 +420,9 @@ def read_config_file(path, names):
             f.seek(0)
             table = tomllib.loads(f.read().decode("utf-8-sig"))  # a BOM, as some editors write: not TOML's, but no harm
     except UnicodeDecodeError as e:  # TOML files are UTF-8
-        if head.startswith(b"PK"):  # torch.save's zip
-            raise ConfigError(f"{path} is a checkpoint, not a config file{meant_as_a_folder(path, names, True)}") \
-                from None
+        if head.startswith(b"PK"):  # torch.save's format
+            raise ConfigError(f"{path} is a zip file (a checkpoint, say), not a config file"
+                              f"{meant_as_a_folder(path, names, checkpoint=True)}") from None
         raise ConfigError(f"{path} is not valid TOML: {e}; save it as UTF-8") from None
     except tomllib.TOMLDecodeError as e:  # Python's False and None, or --help's none, are the likely values
         how = " (TOML writes true and false in lower case, and text in quotes: top_k = \"none\")" * str(e).startswith(
@@ -431,9 +431,9 @@ def read_config_file(path, names):
     except OSError as e:  # no permission to read it, say
         raise ConfigError(f"cannot read config file {path!r}: {e.strerror or e}") from None
     for key, value in table.items():
-        check_key(key, names, path)
         if isinstance(value, dict):  # [section]: a table of settings, where they all go at the top
             raise ConfigError(f"{path}: [{key}] is a section; write its settings without it, at the top level")
+        check_key(key, names, path)
     return table
 
 
@@ -443,10 +443,12 @@ def meant_as_a_folder(path, names, checkpoint=False):
     that takes weights (train.py, sample.py); else ""."""
     if "init_from" not in names or "out_dir" not in names:
         return ""
-    if checkpoint or glob.glob(os.path.join(glob.escape(path), "*.pt")):
-        folder = (os.path.dirname(path) or ".") if checkpoint else path
+    from checkpoint import ckpt_path  # which imports this module: here, where it is needed
+    folder = (os.path.dirname(path) or ".") if checkpoint else path
+    run = ckpt_path(folder)  # the one file train.py's runs and sample.py read
+    if os.path.isfile(run) and (not checkpoint or os.path.samefile(path, run)):
         return f"; for a run's checkpoint, give its folder as --out_dir={as_typed(folder)}"
-    if os.path.isfile(os.path.join(path, "config.json")):
+    if not checkpoint and os.path.isfile(os.path.join(path, "config.json")):
         return f"; for GPT-2's weights, give --init_from={as_typed(path)}"
     return ""
 

@@ -1802,6 +1802,9 @@ def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig, Sa
     with pytest.raises(ConfigError, match="xyzzy") as e:
         load_config(TrainConfig, ["--xyzzy=1"])
     assert "did you mean" not in str(e.value)  # no close match, no suggestion
+    for typed, meant in (("batch", "batch_size"), ("warmup", "warmup_iters"), ("data", "data_dir")):  # cut short
+        with pytest.raises(ConfigError, match=f"did you mean {meant!r}"):
+            load_config(TrainConfig, [f"--{typed}=1"])
     # another script's setting is not a typo of this one's: train.py's data_dir in sample.py was "out_dir?"
     for cls, key in ((SampleConfig, "data_dir"), (TrainConfig, "max_new_tokens")):
         with pytest.raises(ConfigError, match=rf"^unknown setting '{key}' in the command line; valid settings"):
@@ -1958,9 +1961,10 @@ def test_toml_written_as_python_or_in_sections_says_how_toml_writes_it(tmp_path,
         with pytest.raises(ConfigError, match=r"not valid TOML: Invalid value .*\(TOML writes true and false in lower "
                                               r"case, and text in quotes: top_k = \"none\"\)$"):
             load_config(TrainConfig, [toml(tmp_path, text)])
-    with pytest.raises(ConfigError, match=r"cfg.toml: \[optimizer\] is a section; write its settings without it, at "
-                                          r"the top level$"):
-        load_config(TrainConfig, [toml(tmp_path, "[optimizer]\nlearning_rate = 1e-3\n")])
+    for section in ("optimizer", "model"):  # a setting's name, or none
+        with pytest.raises(ConfigError, match=rf"cfg.toml: \[{section}\] is a section; write its settings without it, "
+                                              r"at the top level$"):
+            load_config(TrainConfig, [toml(tmp_path, f"[{section}]\nlearning_rate = 1e-3\n")])
     (tmp_path / "bom.toml").write_bytes("\ufeffn_layer = 3\n".encode("utf-8"))
     assert load_config(TrainConfig, [str(tmp_path / "bom.toml")]).n_layer == 3
 
@@ -1977,11 +1981,14 @@ def test_a_run_s_folder_or_weights_given_as_a_config_file_names_the_setting_that
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text("{}")
     run, weights = tmp_path / "run", tmp_path / "gpt2"
+    shutil.copy(run / "ckpt.pt", tmp_path / "best.pt")  # a copy kept by hand: sample.py reads no other name
     for cls in (TrainConfig, SampleConfig):
         for path, says in ((run, f"is a directory; give a TOML file; for a run's checkpoint, give its folder as "
                                  f"--out_dir={run}"),
-                           (run / "ckpt.pt", f"is a checkpoint, not a config file; for a run's checkpoint, give its "
-                                             f"folder as --out_dir={run}"),
+                           (run / "ckpt.pt", f"is a zip file (a checkpoint, say), not a config file; for a run's "
+                                             f"checkpoint, give its folder as --out_dir={run}"),
+                           (tmp_path / "best.pt", "best.pt is a zip file (a checkpoint, say), not a config file"),
+                           (tmp_path, "is a directory; give a TOML file"),  # it holds .pt files, and no ckpt.pt
                            (weights, "is a directory; give a TOML file; for GPT-2's weights, give "
                                      f"--init_from={weights}")):
             with pytest.raises(ConfigError) as e:
@@ -1992,13 +1999,16 @@ def test_a_run_s_folder_or_weights_given_as_a_config_file_names_the_setting_that
     assert str(e.value).endswith("is a directory; give a TOML file"), e.value
 
 
-def test_a_single_dash_or_a_bare_double_dash_is_named_as_such(TrainConfig):
+def test_a_single_dash_or_a_bare_double_dash_is_named_as_such(tmp_path, TrainConfig, monkeypatch):
     """-n_layer=2 was looked for as a config file ("not found; the config files here: ..."), and -- was told to
     write flags "(e.g. --=...)"."""
     with pytest.raises(ConfigError, match=r"^flags take two dashes: --n_layer=2, got '-n_layer=2'$"):
         load_config(TrainConfig, ["-n_layer=2"])
     with pytest.raises(ConfigError, match=r"^write flags as --key=value, got '--'$"):
         load_config(TrainConfig, ["--", "--n_layer=2"])
+    (tmp_path / "-dash.toml").write_text("n_layer = 3\n")  # a file's name that starts with a dash is still one
+    monkeypatch.chdir(tmp_path)
+    assert load_config(TrainConfig, ["-dash.toml"]).n_layer == 3
 
 
 def test_help_after_config_files_shows_the_values_they_set(tmp_path, TrainConfig, capsys):
