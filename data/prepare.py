@@ -91,8 +91,8 @@ def gpt2_data_dir(data_dir):
 def prepare_command(data_dir, tokenizer=None):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
     make it, for any other the form that prepares a text file there, by character where tokenizer (meta.json's,
-    or a checkpoint's) says so, and with by-character as an option where nothing says which: --input's own
-    default is GPT-2's tokens, which a char model's resume refuses."""
+    or a checkpoint's) says so, and with the tokenizer to be filled in, as FILE is, where nothing says which
+    (char or gpt2): --input's own default is GPT-2's tokens, which a char model's resume refuses."""
     for (tokens, plays), path in SHAKESPEARE_DIRS.items():
         if same_folder(data_dir, path):
             flags = (" --tokenizer=gpt2" if tokens == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
@@ -100,7 +100,7 @@ def prepare_command(data_dir, tokenizer=None):
     for path, dataset in HUB_DATA_DIRS.items():
         if same_folder(data_dir, path):
             return f"{run_command('data/prepare.py')} --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
-    by_character = {"char": " --tokenizer=char", None: " [--tokenizer=char]"}.get(tokenizer, "")
+    by_character = {"char": " --tokenizer=char", None: " --tokenizer=TOKENIZER"}.get(tokenizer, "")  # FILE's kind
     return f"{run_command('data/prepare.py')} --input=FILE{by_character} --out_dir={shlex.quote(data_dir)}"
 
 
@@ -250,28 +250,33 @@ def _data_suffix(path):
     return Path(path.stem).suffix if path.suffix in _COMPRESSIONS else path.suffix
 
 
-def _local_data_files(dataset, written=()):
+def _local_data_files(dataset):
     """{split: [files]} for a local --dataset (file, glob or directory), or None for a Hub name.
     A directory's or a glob's files go to splits by name as datasets does it (train.jsonl,
     validation.jsonl, ...); where no name has a split in it, all are "train", and files of no split beside
-    files of one are an error. written: the files this preparation writes (an out_dir inside the folder
-    leaves its meta.json there), which are not data."""
+    files of one are an error. A prepared data dir's files in the folder (an --out_dir inside it) are not data."""
     if os.path.isfile(dataset):
         return {"train": [dataset]}
-    written = {os.path.abspath(f) for f in written}
     if glob.has_magic(dataset):
-        files = sorted(f for f in glob.glob(dataset, recursive=True)
-                       if os.path.isfile(f) and os.path.abspath(f) not in written)
+        files = sorted(f for f in glob.glob(dataset, recursive=True) if os.path.isfile(f) and not _prepared_file(f))
         if not files:
             raise ValueError(f"no files match {dataset}")
         return _glob_splits(dataset, files)
     if os.path.isdir(dataset):
-        return _folder_splits(dataset, written)
+        return _folder_splits(dataset)
     if os.path.exists(dataset):  # there, but read once or never ends: not "no such file"
         raise ValueError(f"{dataset} is not a regular file (a pipe or a device, say); save the data in a file")
     if Path(dataset).suffix in _BUILDERS or dataset.startswith((".", "/", "~")) or dataset.endswith("/"):
         raise ValueError(f"no such file: {dataset}")  # a path's spelling (a Hub name never ends in "/")
     return None  # a Hub name like "karpathy/tiny_shakespeare"
+
+
+def _prepared_file(path):
+    """Whether path is a file of a prepared data dir (meta.json and its token files, all there), written by this
+    script, not data."""
+    folder = os.path.dirname(os.path.abspath(path))
+    ours = [meta_path(folder), *split_paths(folder)]
+    return os.path.abspath(path) in ours and all(map(os.path.isfile, ours))
 
 
 def _glob_splits(pattern, files):
@@ -293,16 +298,16 @@ def _glob_splits(pattern, files):
     return {split or "train": found for split, found in splits.items()}
 
 
-def _folder_splits(folder, written):
+def _folder_splits(folder):
     """{split: [files]} for a local --dataset folder, by datasets' own rules (a split's keyword in a file's
     or a folder's name: train.jsonl, test/doc1.txt; none at all: every file is "train"; its README.md and
     its description's JSON files are not data), and every data file in one of them: a file of no split beside
-    files of one is an error, not left out. written: files that are not data, whatever their names."""
+    files of one is an error, not left out."""
     from datasets.data_files import FILES_TO_IGNORE, DataFilesDict, get_data_patterns
 
     files = sorted(os.path.abspath(f) for f in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
                    if os.path.isfile(f) and _data_suffix(f) in _BUILDERS and os.path.basename(f) not in FILES_TO_IGNORE
-                   and os.path.abspath(f) not in written)
+                   and not _prepared_file(f))
     if not files:
         raise ValueError(f"{folder} holds no {'/'.join(_BUILDERS)} files")
     found = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder)
@@ -342,11 +347,10 @@ def _check_hub_reachable(name, timeout=5.0):
                          "to load it from your Hugging Face cache") from None
 
 
-def load_text_dataset(dataset, cache_dir=None, text_column="text", out_dir=None):
+def load_text_dataset(dataset, cache_dir=None, text_column="text"):
     """A datasets.DatasetDict from a Hub name, local files or a folder that datasets' save_to_disk wrote.
     Local text files give one document per file (sample_by="document"), like --input, not one per line;
-    a CSV's text_column is read as text, as written (00042 stays 00042, not the number 42). out_dir: where
-    the tokens go; its files are not read as data, should it lie inside a --dataset folder."""
+    a CSV's text_column is read as text, as written (00042 stays 00042, not the number 42)."""
     try:
         import datasets
     except ImportError:
@@ -359,7 +363,7 @@ def load_text_dataset(dataset, cache_dir=None, text_column="text", out_dir=None)
         if any(os.path.isfile(os.path.join(dataset, name)) for name in ("dataset_dict.json", "state.json")):
             saved = datasets.load_from_disk(dataset)  # its own JSON files are its description, not its data
             return saved if isinstance(saved, datasets.DatasetDict) else datasets.DatasetDict(train=saved)
-        files = _local_data_files(dataset, split_paths(out_dir) + [meta_path(out_dir)] if out_dir else ())
+        files = _local_data_files(dataset)
         if files is not None:
             empty = [f for split in files.values() for f in split if os.path.getsize(f) == 0]
             if empty:  # datasets' own word for it names no file ("corresponds to no data")
@@ -409,14 +413,13 @@ def _load_from_hub(datasets, name, cache_dir):
                          "(--input=FILE or --dataset=PATH)") from None
 
 
-def _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir):
+def _dataset_splits(dataset, split, text_column, val_split, cache_dir):
     """(train, validation) splits of a dataset, both checked to have text_column. Validation is
-    val_split if given, else the dataset's own "validation" split, else None: cut from train. out_dir: where
-    the tokens go, not read as data."""
+    val_split if given, else the dataset's own "validation" split, else None: cut from train."""
     if val_split == split:
         raise ValueError(f"--val_split={val_split} is the training split too: validation would measure text the "
                          "model trained on; name another split, or leave --val_split out to cut one from it")
-    dd = load_text_dataset(dataset, cache_dir=cache_dir, text_column=text_column, out_dir=out_dir)
+    dd = load_text_dataset(dataset, cache_dir=cache_dir, text_column=text_column)
     if split not in dd:
         raise ValueError(f"dataset {dataset!r} has no split {split!r} (it has: {', '.join(dd)}); give --split=NAME "
                          "of one of those")
@@ -513,7 +516,7 @@ def prepare_default_corpus(data_dir):
 def prepare_char_dataset(out_dir, dataset, *, split="train", text_column="text", val_split=None, cache_dir=None):
     """Character-level data dir from a Hugging Face dataset (Hub name, or local file/dir/glob): the
     documents of column text_column joined as _join_documents does, validation as in prepare_bpe."""
-    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir)
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
     val_text = _join_documents(_column_docs(val_ds, text_column, dataset)) if val_ds is not None else None
     return prepare_char(_join_documents(_column_docs(train_ds, text_column, dataset)), out_dir, val_text)
 
@@ -584,7 +587,7 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
         if val_texts is not None:
             return _write_bpe(out_dir, texts, list(val_texts), train_total=len(texts), val_total=len(val_texts))
         return _write_bpe(out_dir, texts, train_total=len(texts))
-    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir, out_dir)
+    train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
     if val_ds is None:
         return _write_bpe(out_dir, _column_docs(train_ds, text_column, dataset), train_total=len(train_ds))
     return _write_bpe(out_dir, _column_docs(train_ds, text_column, dataset), _column_docs(val_ds, text_column, dataset),

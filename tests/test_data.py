@@ -24,6 +24,7 @@ import torch
 
 import data.loader
 import data.prepare
+from configurator import ConfigError, load_config
 from data import tokenizer
 from data.loader import load_meta, open_split
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SHAKESPEARE_DIRS, SPLITS, TOKEN_DTYPE, PrepareConfig, main,
@@ -425,7 +426,7 @@ def test_prepare_bpe_hub_name_through_a_proxy_that_is_not_there(tmp_path, monkey
     ("./data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=./data/openwebtext"),
     ("data/tiny_shakespeare_gpt2", "python data/prepare.py --tokenizer=gpt2 --plays=tiny"),
     ("data/openwebtext", "python data/prepare.py --dataset=Skylion007/openwebtext --out_dir=data/openwebtext"),
-    ("my_corpus", "python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=my_corpus")])
+    ("my_corpus", "python data/prepare.py --input=FILE --tokenizer=TOKENIZER --out_dir=my_corpus")])
 def test_a_data_dir_not_prepared_names_the_command_that_prepares_it(tmp_path, monkeypatch, data_dir, command):
     """The command as typed where the run started: here, outside the repository, prepare.py's path from there."""
     monkeypatch.chdir(tmp_path)  # where none of them is prepared
@@ -535,15 +536,19 @@ def test_every_shipped_config_reads_data_whose_preparation_is_known():
 
 
 def test_open_split_errors(tmp_path, monkeypatch):
-    # no meta.json to say which tokens: by character is named as the option it is (a model on a CPU starts there)
-    either = re.escape("python data/prepare.py --input=FILE [--tokenizer=char] --out_dir=")
+    # no meta.json to say which tokens: the tokenizer is to be filled in, as FILE is (char: a model on a CPU starts
+    # there; GPT-2's, --input's default), and, pasted as it is, is one line that names the choices
+    either = re.escape("python data/prepare.py --input=FILE --tokenizer=TOKENIZER --out_dir=")
     with pytest.raises(ValueError, match=either):
         open_split(str(tmp_path / "nowhere"), "train")
     with pytest.raises(ValueError, match=either):
         load_meta(str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"^tokenizer='TOKENIZER' is not a valid choice; choose one of: 'auto' \| "
+                                          r"'char' \| 'gpt2'$"):
+        load_config(PrepareConfig, ["--input=FILE", "--tokenizer=TOKENIZER", f"--out_dir={tmp_path / 'x'}"])
     with pytest.raises(ValueError) as e:  # a command to paste into a shell: a space does not split the path
         load_meta(str(tmp_path / "my data"))
-    assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE [--tokenizer=char] --out_dir='"
+    assert str(e.value).endswith(f"run `python data/prepare.py --input=FILE --tokenizer=TOKENIZER --out_dir='"
                                  f"{tmp_path / 'my data'}'`")
     # a file of a char-level folder missing: prepared again by character, as the run trained (--input's default,
     # GPT-2's tokens, made data that its checkpoint then refused); GPT-2's tokens where meta.json says so
@@ -937,10 +942,12 @@ def test_a_dataset_folder_prepared_into_itself_prepares_again(tmp_path, run_main
     """--out_dir inside the --dataset folder (or a glob's) leaves meta.json there, which the same command, run
     again, read as data: "mixes file types (json, text)". The files a preparation writes are not its data."""
     for n, args in enumerate((["--dataset=docs0", "--out_dir=docs0"], ["--dataset=docs1", "--out_dir=docs1/out"],
-                              ["--dataset=docs2/**/*", "--out_dir=docs2/out"])):
-        (tmp_path / f"docs{n}").mkdir()
+                              ["--dataset=docs2/**/*", "--out_dir=docs2/out"], ["--dataset=docs3", "--out_dir=docs3/a"],
+                              ["--dataset=docs3", "--out_dir=docs3/b"])):  # another's out_dir in it too
+        (tmp_path / f"docs{min(n, 3)}").mkdir(exist_ok=True)
         for i in range(3):
-            (tmp_path / f"docs{n}" / f"doc{i}.txt").write_text(f"the text of document {i}, long enough to split. " * 5)
+            (tmp_path / f"docs{min(n, 3)}" / f"doc{i}.txt").write_text(f"the text of document {i}, long enough to "
+                                                                         "split. " * 5)
         written = []
         for _ in range(2):
             status, _, err = run_main(*args, "--tokenizer=char", cwd=tmp_path)
