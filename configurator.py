@@ -12,7 +12,6 @@ sample.py, PrepareConfig in data/prepare.py.
 import ast
 import dataclasses
 import difflib
-import glob
 import inspect
 import io
 import math
