@@ -422,7 +422,7 @@ def test_sample_loads_a_wrapped_checkpoint(tmp_path):
 
 # ---- E. signals ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
     out = tmp_path / "out"
     args = [*TINY, f"--data_dir={data_dir}", f"--out_dir={out}", "--log_interval=1", "--eval_interval=100000"]
@@ -461,13 +461,16 @@ def test_signal_saves_and_resumes(tmp_path, data_dir, launch, signum):
         assert resume.count("--init_from=resume") == 1 and resume.endswith(" --init_from=resume"), resume
 
 
-def test_a_hang_up_that_nohup_ignores_does_not_stop_the_run(tmp_path, data_dir):
-    """nohup starts a run with SIGHUP ignored, so that it outlives the terminal: the handler that makes a hang-up a
-    stop (an ssh session that drops) must not undo that."""
+@pytest.mark.parametrize("nohup", [False, True], ids=["hang-up", "under-nohup"])
+def test_a_hang_up_stops_the_run_as_sigterm_does_unless_nohup_ignores_it(tmp_path, data_dir, nohup):
+    """The ssh session that started a run drops: SIGHUP had ended it at once, losing what it trained since its last
+    save, and leaving its lock. Now it saves and stops, as on SIGTERM (whose resume test_signal_saves_and_resumes
+    covers). nohup starts a run with SIGHUP ignored, so that it outlives the terminal: that stays so."""
+    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None  # as nohup does
     proc = subprocess.Popen([sys.executable, "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}",
-                             "--log_interval=1", "--max_iters=40"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+                             "--log_interval=1", "--eval_interval=100000", f"--max_iters={40 if nohup else 100000}"],
+                            cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
     lines = Lines(proc)
     try:
         lines.wait_for(r"^iter \d+: loss ")
@@ -475,8 +478,13 @@ def test_a_hang_up_that_nohup_ignores_does_not_stop_the_run(tmp_path, data_dir):
         rc, stdout, stderr = lines.finish()
     finally:
         kill_quietly(proc)
-    assert rc == 0 and "stopped by" not in stdout and load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"] == 40, \
-        stdout[-2000:] + stderr[-2000:]
+    stopped = load_checkpoint(str(tmp_path / "ckpt.pt"))["iter_num"]
+    if nohup:
+        assert rc == 0 and "stopped by" not in stdout and stopped == 40, stdout[-2000:] + stderr[-2000:]
+    else:
+        assert rc == 128 + signal.SIGHUP and f"(stopped by SIGHUP after iteration {stopped})" in stdout, \
+            stdout[-2000:] + stderr[-2000:]
+        assert "--init_from=resume" in stdout and not (tmp_path / ".lock").exists() and stopped > 0
 
 
 @pytest.mark.parametrize("script", ["train.py", "sample.py"])
