@@ -365,9 +365,10 @@ def load_config(cls, argv):
         if not settable(hints[name]):
             raise ConfigError(f"{cls.__name__}.{name} has a type that --key=value and TOML cannot set "
                               f"({hints[name]}); give it one of: {SETTABLE_TYPES}")
-    for arg in [a for a in argv if a.startswith("--") and "=" not in a and a != "--help"]:  # before files:
-        raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")  # --input a
-    for arg in [a for a in argv if re.fullmatch(r"-[A-Za-z_]\w*=.*", a, re.S)]:  # else a file's name, as before
+    # before the files are read: `--input a.txt` is a flag that lacks its value, not a file a.txt not found
+    for arg in [a for a in argv if a.startswith("--") and "=" not in a and a != "--help"]:
+        raise ConfigError(f"write flags as --key=value{f' (e.g. {arg}=...)' * (arg != '--')}, got {arg!r}")
+    for arg in [a for a in argv if re.fullmatch(r"-[A-Za-z_]\w*=.*", a, re.S)]:  # other single dashes: files' names
         raise ConfigError(f"flags take two dashes: -{arg}, got {arg!r}")
     files = [a for a in argv if not a.startswith("--") and a != "-h"]
     values, set_in = {}, {}  # set_in: the file that set a value, where no flag set it since
