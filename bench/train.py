@@ -501,7 +501,7 @@ def main(cfg):
     print(f"model: {tcfg.n_layer} layers, {tcfg.n_head} heads, n_embd {tcfg.n_embd}, block {T}, vocab {vocab} "
           f"({vocab_from}) | batch {B} x {cfg.grad_accum} micro-steps = {tokens_per_step:,} tokens/step | "
           f"{cfg.config or 'TrainConfig defaults'}")
-    print(unused_note(tcfg) or "", end="")
+    print(unused_note(tcfg), end="")
     tokens = random_tokens(cfg, tcfg, vocab)
 
     variants, rows = [], []
