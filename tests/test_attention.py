@@ -325,10 +325,10 @@ def test_non_causal_self_attention_sees_everything(backend):
 # the call (the layout, the dtype, FA3's tuple, dropout) runs here against the manual backend.
 
 
-def sdpa_flash_attn(q, k, v, dropout_p=0.0, causal=False):
+def sdpa_flash_attn(q, k, v, dropout_p=0.0, causal=False, softmax_scale=None):
     """flash_attn_func's contract, computed with SDPA: q (B, Tq, H, D), k and v (B, Tk, H, D), all three
     in one dtype with a contiguous last dimension (the kernels refuse anything else); the causal mask
-    bottom-right aligned (flash-attn >= 2.1). Returns (B, Tq, H, D)."""
+    bottom-right aligned (flash-attn >= 2.1); softmax_scale None means 1/sqrt(D). Returns (B, Tq, H, D)."""
     assert q.dim() == k.dim() == v.dim() == 4, "flash-attn takes (B, T, H, D)"
     assert q.shape[0] == k.shape[0] == v.shape[0] and q.shape[2:] == k.shape[2:] == v.shape[2:] \
         and k.shape[1] == v.shape[1], f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -336,7 +336,8 @@ def sdpa_flash_attn(q, k, v, dropout_p=0.0, causal=False):
     assert all(t.stride(-1) == 1 for t in (q, k, v)), "input tensors must have a contiguous last dimension"
     Tq, Tk = q.size(1), k.size(1)
     mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq) if causal else None
-    y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p)
+    y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, dropout_p=dropout_p,
+                                       scale=softmax_scale)
     return y.transpose(1, 2)
 
 
@@ -353,11 +354,11 @@ def flash_attn_package(monkeypatch):
 
     def fa2(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
         package.calls.append(("fa2", dropout_p, causal))
-        return sdpa_flash_attn(q, k, v, dropout_p, causal)
+        return sdpa_flash_attn(q, k, v, dropout_p, causal, softmax_scale)
 
     def fa3(q, k, v, softmax_scale=None, causal=False):
         package.calls.append(("fa3", 0.0, causal))
-        out = sdpa_flash_attn(q, k, v, 0.0, causal)
+        out = sdpa_flash_attn(q, k, v, 0.0, causal, softmax_scale)
         lse = out.new_zeros(out.size(0), out.size(2), out.size(1), dtype=torch.float32)  # (B, H, Tq)
         return (out, lse) if package.fa3_returns_tuple else out
 

@@ -150,6 +150,10 @@ def test_resume_is_exact(tmp_path, data_dir, launch):
     assert ca["model"].keys() == cb["model"].keys()
     for name in ca["model"]:
         assert torch.equal(ca["model"][name], cb["model"][name]), f"parameter {name} differs after resume"
+    # and the second half trained: every parameter moved, Muon's matrices and AdamW's vectors alike (equal
+    # weights would otherwise say nothing if an optimizer never stepped)
+    unmoved = [name for name in ca["model"] if torch.equal(half["model"][name], ca["model"][name])]
+    assert not unmoved, f"iterations 5-8 left {unmoved} unchanged"
     assert_identical(ca["optimizer"], cb["optimizer"], "optimizer")
     assert_identical(ca["scaler"], cb["scaler"], "scaler")
     assert_identical(ca["rng"], cb["rng"], "rng")
