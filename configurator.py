@@ -137,12 +137,28 @@ def check_at_least(config, minimum, *names, meaning=""):
 
 def check_types(config):
     """ValueError naming the first setting whose value is not of its declared type (int: a whole number,
-    not a bool; float: a number; bool: True or False): for a config built in Python, which the parsing
-    of --key=value and TOML (convert) never sees. Other types are checked where they are used."""
+    not a bool; float: a number; bool: True or False) or not one of its Literal's choices: for a config
+    built in Python, which the parsing of --key=value and TOML (convert) never sees. The code branches on
+    the choices' names, and an unknown one (a typo, a checkpoint of forked code) would quietly get another
+    branch (TrainConfig(optimizer="sgd") an AdamW run). Other types are checked where they are used."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.type in TYPE_CHECKS and not TYPE_CHECKS[f.type](value):
             raise ValueError(f"{f.name} must be {f.type.__name__}, got {value!r}")
+        choices = literal_choices(f.type)
+        if choices and value not in choices and not (value is None and allows_none(f.type)):
+            raise ValueError(f"unknown {f.name} {value!r}; choose one of {', '.join(map(str, choices))}")
+
+
+def literal_choices(tp):
+    """The choices of a Literal type, or of the Literal in an Optional one; () for any other type."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next((literal_choices(a) for a in typing.get_args(tp) if literal_choices(a)), ())
+    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
+
+
+def allows_none(tp):
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
 def check_folders_named(config, *names):

@@ -10,7 +10,7 @@ import os
 import pickle
 import zipfile
 from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args, get_origin
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -59,13 +59,6 @@ class GPTConfig:
             raise ValueError(f"{e}; with this n_embd, {can}") from None
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        # every choice, from its Literal: the model branches on these names, and an unknown one (a typo,
-        # a checkpoint of forked code) would quietly get another branch's model
-        for f in fields(self):
-            choices = get_args(f.type) if get_origin(f.type) is Literal else ()
-            if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"unknown {f.name} {getattr(self, f.name)!r}; choose one of "
-                                 f"{', '.join(map(str, choices))}")
         if self.pos_embedding == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"rope needs an even head size; n_embd/n_head = {self.n_embd // self.n_head}; with this "
                              f"n_embd, {can}" + (" (or use pos_embedding='learned')" if fits else ""))

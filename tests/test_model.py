@@ -1,6 +1,7 @@
 """Tests of model.py: causality of the whole GPT (logits, gradients, behaviour), attention weights
 of every layer, KV-cache generation, parity with Hugging Face's GPT-2, training, sampling and
 configuration. Every model-level property runs on every backend that runs on CPU, in fp32."""
+import importlib
 import json
 import math
 import re
@@ -830,6 +831,37 @@ def test_sampleconfig_refuses_a_value_of_the_wrong_type():
     import sample
     with pytest.raises(ValueError, match=r"^use_kv_cache must be bool, got 'false'$"):
         sample.SampleConfig(use_kv_cache="false")
+
+
+@pytest.mark.parametrize("script, setting, value", [("train", "optimizer", "sgd"), ("train", "parallelism", "tp"),
+                                                    ("train", "dtype", "fp32"), ("sample", "dtype", "fp32")])
+def test_script_configs_refuse_a_choice_they_do_not_have(script, setting, value):
+    """Built in Python, a choice is checked as the command line checks it: TrainConfig(optimizer="sgd") trained
+    with AdamW alone, and dtype="fp32" was an AttributeError inside torch."""
+    config_class = {"train": "TrainConfig", "sample": "SampleConfig"}[script]
+    cls = getattr(importlib.import_module(script), config_class)
+    choices = ", ".join(get_args(next(f.type for f in fields(cls) if f.name == setting)))
+    with pytest.raises(ValueError, match=f"^unknown {setting} '{value}'; choose one of {choices}$"):
+        cls(**{setting: value})
+
+
+def test_an_optional_choice_may_be_left_unset():
+    """Optional[Literal[...]] (as bench/train.py's dtype, where none is the config's) takes None and its choices."""
+    from dataclasses import dataclass
+    from typing import Literal, Optional
+
+    from configurator import check_types
+
+    @dataclass
+    class Settings:
+        dtype: Optional[Literal["float32", "bfloat16"]] = None
+
+        def __post_init__(self):
+            check_types(self)
+
+    assert Settings().dtype is None and Settings("bfloat16").dtype == "bfloat16"
+    with pytest.raises(ValueError, match="^unknown dtype 'bf16'; choose one of float32, bfloat16$"):
+        Settings("bf16")
 
 
 def test_num_params_and_flops_per_token_count_what_the_model_computes():
