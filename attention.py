@@ -188,7 +188,7 @@ class MultiHeadAttention(nn.Module):
             qk, v = self.heads(self.c_attn(x)).split([2 * nh, nh], dim=1)  # (B, 2nh, T, hs), (B, nh, T, hs)
             q, k = self.position_and_scale(qk, rotary).chunk(2, dim=1)  # (B, nh, T, hs) each
         else:  # queries from x; keys and values from the other sequence, with the same weights
-            w_q, w_kv = self.c_attn.weight.split([C, 2 * C])
+            w_q, w_kv = self.c_attn.weight.split([C, 2 * C])  # (C, C), (2C, C)
             b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
             k, v = self.heads(F.linear(context, w_kv, b_kv)).chunk(2, dim=1)  # (B, nh, Tk, hs) each
             q, k = self.position_and_scale(self.heads(F.linear(x, w_q, b_q))), self.position_and_scale(k)
@@ -243,12 +243,12 @@ class MultiHeadAttention(nn.Module):
                 y = y[0] if isinstance(y, tuple) else y  # some FA3 builds also return the logsumexp
             else:
                 y = fn(qt, kt, vt, dropout_p=dropout_p, causal=causal)
-            return y.transpose(1, 2)
+            return y.transpose(1, 2)  # (B, nh, Tq, hs)
         B, nh, Tq, hs = q.shape
         Tk = k.size(2)
         pad = Tk - Tq if causal and 1 < Tq < Tk else 0
         if pad:  # the kernel aligns is_causal top-left; put blank queries first so ours sit bottom-right
-            q = torch.cat([q.new_zeros(B, nh, pad, hs), q], dim=2)
+            q = torch.cat([q.new_zeros(B, nh, pad, hs), q], dim=2)  # (B, nh, Tk, hs)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal and Tq > 1)
         return y[:, :, pad:]

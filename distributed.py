@@ -15,6 +15,7 @@ import traceback
 import torch
 
 from configurator import fail, python_command, under_torchrun
+from hardware import processes_on_this_machine
 
 
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends (linux/prctl.h)
@@ -115,7 +116,7 @@ def torchrun_options():
     script = os.path.basename(sys.argv[0])
     end = next((i for i, name in enumerate(names) if start is not None and i >= start and name == script), None)
     if end is None:
-        return [f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', 1)}"]
+        return [f"--nproc_per_node={processes_on_this_machine()}"]
     return launcher[start:end]
 
 

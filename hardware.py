@@ -108,7 +108,8 @@ MOST_THREADS_PER_CPU = 4
 def check_threads(n, setting="threads"):
     """ValueError for a thread count the setting `threads`, or the OMP_NUM_THREADS it defers to, may not ask for."""
     if n < 0:
-        raise ValueError(f"threads must be at least 0 (0: the CPUs this process may use), got {n}")
+        raise ValueError(f"threads must be at least 0 (0: OMP_NUM_THREADS, else the CPUs this process may use), "
+                         f"got {n}")
     if n > MOST_THREADS_PER_CPU * usable_cpus():
         instead = "give 0" if setting == "threads" else "unset it"
         raise ValueError(f"{setting}={n} is far more than the {usable_cpus()} CPUs this process may use, and threads "

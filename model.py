@@ -129,9 +129,11 @@ class GPT(nn.Module):
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
         else:  # rotary angles: position p turns channel pair i by p / 10000^(2i/hs)
             hs = config.n_embd // config.n_head
-            angles = torch.outer(torch.arange(config.block_size).float(), 10000.0 ** (-torch.arange(0, hs, 2) / hs))
+            angles = torch.outer(torch.arange(config.block_size).float(),
+                                 10000.0 ** (-torch.arange(0, hs, 2) / hs))  # (block_size, hs/2)
             self.register_buffer("rope_cos", angles.cos().repeat(1, 2), persistent=False)  # (block_size, hs)
-            self.register_buffer("rope_sin", torch.cat([-angles.sin(), angles.sin()], dim=1), persistent=False)
+            self.register_buffer("rope_sin", torch.cat([-angles.sin(), angles.sin()], dim=1),
+                                 persistent=False)  # (block_size, hs)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying: one matrix reads and writes tokens
         self.apply(self._init_weights)
@@ -188,7 +190,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab); (B, 1, vocab) with last_only
         loss = None
         if targets is not None:  # reshape, not view: a sliced target such as x[:, 1:] is not contiguous
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.reshape(-1),  # (B*T, vocab), (B*T,)
+                                   ignore_index=-1)
         return logits, loss
 
     def attention_steps(self, idx, kv_cache=None):

@@ -424,8 +424,7 @@ def check_data(cfg, data):
         check_not_an_out_dir(cfg.init_from)
         if data.meta["tokenizer"] != "gpt2":
             there = gpt2_data_dir(cfg.data_dir) or "DIR"  # the same plays in GPT-2's tokens, or text of one's own
-            how = (prepare_command(there) if there != "DIR" else
-                   f"{run_command('data/prepare.py')} --tokenizer=gpt2 --input=FILE --out_dir=DIR")
+            how = prepare_command(there, "gpt2")
             raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                              f"holds {data.meta['tokenizer']} tokens; prepare such data with `{how}` and give "
                              f"--data_dir={as_typed(there)}")

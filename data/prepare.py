@@ -90,9 +90,9 @@ def gpt2_data_dir(data_dir):
 
 def prepare_command(data_dir, tokenizer=None):
     """The command that prepares data_dir: for one of SHAKESPEARE_DIRS or HUB_DATA_DIRS the flags that
-    make it, for any other the form that prepares a text file there, by character where tokenizer (meta.json's,
-    or a checkpoint's) says so, and with the tokenizer to be filled in, as FILE is, where nothing says which
-    (char or gpt2): --input's own default is GPT-2's tokens, which a char model's resume refuses."""
+    make it, for any other the form that prepares a text file there, with the tokenizer (meta.json's, or a
+    checkpoint's) named, or to be filled in, as FILE is, where nothing says which (char or gpt2): --input's own
+    default is GPT-2's tokens, which a char model's resume refuses."""
     for (tokens, plays), path in SHAKESPEARE_DIRS.items():
         if same_folder(data_dir, path):
             flags = (" --tokenizer=gpt2" if tokens == "gpt2" else "") + (" --plays=tiny" if plays == "tiny" else "")
@@ -100,8 +100,8 @@ def prepare_command(data_dir, tokenizer=None):
     for path, dataset in HUB_DATA_DIRS.items():
         if same_folder(data_dir, path):
             return f"{run_command('data/prepare.py')} --dataset={dataset} --out_dir={shlex.quote(data_dir)}"
-    by_character = {"char": " --tokenizer=char", None: " --tokenizer=TOKENIZER"}.get(tokenizer, "")  # FILE's kind
-    return f"{run_command('data/prepare.py')} --input=FILE{by_character} --out_dir={shlex.quote(data_dir)}"
+    return (f"{run_command('data/prepare.py')} --input=FILE --tokenizer={tokenizer or 'TOKENIZER'} "
+            f"--out_dir={shlex.quote(data_dir)}")
 
 
 VAL_FRACTION = 0.1

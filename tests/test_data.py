@@ -552,7 +552,7 @@ def test_open_split_errors(tmp_path, monkeypatch):
                                  f"{tmp_path / 'my data'}'`")
     # a file of a char-level folder missing: prepared again by character, as the run trained (--input's default,
     # GPT-2's tokens, made data that its checkpoint then refused); GPT-2's tokens where meta.json says so
-    for kind, flag in (("char", " --tokenizer=char"), ("gpt2", "")):
+    for kind, flag in (("char", " --tokenizer=char"), ("gpt2", " --tokenizer=gpt2")):
         with pytest.raises(ValueError, match=rf"run `python data/prepare.py --input=FILE{flag} --out_dir=\S+/mine`$"):
             open_split(str(tmp_path / "mine"), "val", {"tokenizer": kind, "vocab_size": 65})
     # a Shakespeare dir missing a file is made again by its own command, not the char corpus's or a text file's

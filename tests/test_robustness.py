@@ -1788,7 +1788,7 @@ CASES = [
     Case("init-from-gpt2-weights-on-character-data", lambda c: [
         (c.dir / "hf").mkdir(), (c.dir / "hf" / "config.json").write_text("{}"),
         *train_args(c, f"--init_from={c.dir}/hf")][2:],
-         lambda c: ["holds char tokens; prepare such data with `python data/prepare.py --tokenizer=gpt2 --input=FILE "
+         lambda c: ["holds char tokens; prepare such data with `python data/prepare.py --input=FILE --tokenizer=gpt2 "
                     "--out_dir=DIR` and give --data_dir=DIR"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
          lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
@@ -2275,7 +2275,7 @@ def test_threads_default_to_the_cpus_this_process_may_use(monkeypatch):
                                          r"unset it for one per CPU"):
         pick_threads(0)
     assert pick_threads(4) == 4  # a setting wins over the environment, even a bad one
-    with pytest.raises(ValueError, match=r"threads must be at least 0 \(0: the CPUs"):
+    with pytest.raises(ValueError, match=r"threads must be at least 0 \(0: OMP_NUM_THREADS, else the CPUs"):
         pick_threads(-1)
 
 
