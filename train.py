@@ -40,8 +40,7 @@ from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_
                         resume_elsewhere, rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint,
                         torch_rng_state, trained_settings, unlock_out_dir)
 from configurator import (as_typed, check_at_least, check_folders_named, check_positive, check_types, config_from_argv,
-                          expand_home, fail, first_line, interrupt_on_hang_up, interrupt_on_sigterm, interrupted_by,
-                          run_command, takes_type, under_torchrun)
+                          expand_home, fail, first_line, run_command, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
                           prepare_default_corpus, split_paths)
@@ -51,6 +50,7 @@ from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_
                       make_current, memory_bytes, pick_device, pick_dtype, processes_on_this_machine,
                       ran_out_of_memory, set_up_cpu)
 from files import NO_ROOM, NOT_WRITABLE, OutputThatMayClose, check_stdout, same_folder
+from interrupts import interrupt_on_hang_up, interrupt_on_sigterm, interrupted_by
 from log import TrainingLog
 from model import GPT, RUNTIME_SETTINGS, WEIGHT_SETTINGS, Activation, GPTConfig, Norm, Positions, check_init_from
 from optim import Muon, Optimizer, configure_optimizers, lr_multiplier, schedule_note, set_lr, unused_by_optimizer

@@ -20,9 +20,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from configurator import ConfigError, fail, first_line, interrupt_on_sigterm, interrupted_by, load_config
+from configurator import ConfigError, fail, first_line, load_config
 from files import atomic_write, check_writable
 from hardware import cpu_class, device_type_of, make_current, pick_device, pick_dtype, set_up_cpu, usable_cpus
+from interrupts import interrupt_on_sigterm, interrupted_by
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")

@@ -39,8 +39,9 @@ import torch
 
 from bench.benchutil import (RESULTS, ROOT, holds_or_not, machine_info, md_table, parse, print_machine, run,
                              split_list, write_json)
-from configurator import fail, interrupted_by
+from configurator import fail
 from hardware import cpu_has_bf16
+from interrupts import interrupted_by
 
 GOALS = ("recipe", "loop", "execution", "sample", "gpt2", "determinism")
 BASE_COMMIT = "e3eff70"  # the goal table's base: the code before the compiled step

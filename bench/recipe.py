@@ -55,9 +55,10 @@ from bench.benchutil import (ROOT, fail, fmt, machine_info, md_table, out_path, 
                              run, split_list, write_json)
 from attention import check_backend
 from checkpoint import ckpt_path, load_checkpoint
-from configurator import ConfigError, check_at_least, check_positive, interrupted_by, load_config
+from configurator import ConfigError, check_at_least, check_positive, load_config
 from data.loader import Batches, open_split
 from hardware import check_threads, device_type_of, pick_device, pick_dtype, separate_cores, usable_cpus
+from interrupts import interrupted_by
 from train import TrainConfig, training_dropout
 
 

@@ -49,11 +49,12 @@ from attention import BACKENDS, Backend, check_backend
 from bench.benchutil import (ROOT, cuda_peak, fail, failure, fmt, machine_info, md_table, os_costs, out_path, parse,
                              print_machine, profiled, resolve_device, run, set_threads, show_compiled_kernels,
                              split_list, summary, timed, top_ops, write_json)
-from configurator import ConfigError, Terminated, as_typed, check_at_least, load_config
+from configurator import ConfigError, as_typed, check_at_least, load_config
 from data.loader import load_meta
 from data.prepare import TOKEN_DTYPE, meta_path
 from data.tokenizer import GPT2_VOCAB_SIZE
 from hardware import DType, device_type_of, dtype_name, enable_tf32, peak_flops, pick_dtype
+from interrupts import Terminated
 from model import GPT, Activation
 from optim import Optimizer
 from train import TrainConfig, model_config, with_machine_width

@@ -48,11 +48,12 @@ if __name__ == "__main__":  # run as a script, data/ is on sys.path: the reposit
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import (as_typed, config_from_argv, expand_home, fail, first_line,  # noqa: E402 - after
-                          interrupt_on_sigterm, interrupted_by, run_command)  # the sys.path fix above
+                          run_command)  # the sys.path fix above
 from data.shakespeare import SHAKESPEARE_PLAYS, other_plays_text, shakespeare_text  # noqa: E402
 from data.tokenizer import GPT2_EOT, CharTokenizer, GPT2Tokenizer, gpt2_encoding  # noqa: E402
 from files import (OutputThatMayClose, atomic_write, check_text_file,  # noqa: E402
                    clear_stale_temporaries, read_text_file, same_folder, temporary_path, writable_directory)
+from interrupts import interrupt_on_sigterm, interrupted_by  # noqa: E402
 
 TOKEN_DTYPE = np.dtype(np.uint16)  # token ids on disk (train.bin, val.bin); both vocabularies (<= 65536 ids) fit
 SHAKESPEARE_CHAR_DIR = "data/shakespeare_char"  # the default corpus, which train.py prepares on first use

@@ -884,7 +884,7 @@ def test_a_ctrl_c_inside_train_py_s_loop_reaches_the_benchmark_as_one(monkeypatc
     """bench/train.py --loop runs train.py's own loop, whose stop request saves and exits 130 with its words
     in the log this script hides: that exit now reaches run() as a Ctrl-C (or SIGTERM, 143), which says one line.
     Any other exit of the loop passes through as it is."""
-    from configurator import Terminated
+    from interrupts import Terminated
 
     import numpy as np
     import train
