@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from configurator import as_typed, first_line, run_command, whole_number
-from data.prepare import prepare_command
+from data.prepare import meta_path, prepare_command
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
                    same_folder, writable_directory)
@@ -95,6 +95,11 @@ def load_checkpoint(path):
         if os.path.isfile(os.path.join(out_dir, "config.json")):  # weights in Hugging Face's format, GPT-2's say
             raise ValueError(f"{out_dir} holds a config.json, not train.py's ckpt.pt: for Hugging Face weights give "
                              f"--init_from={as_typed(out_dir)}")
+        # --out_dir given for --data_dir: `train.py --out_dir=` that folder would train on other data
+        if os.path.isfile(meta_path(out_dir)):
+            raise ValueError(f"{out_dir} holds prepared data (meta.json), not a checkpoint: train on it with "
+                             f"`{run_command('train.py')} --data_dir={shlex.quote(out_dir)}`, then sample its "
+                             f"checkpoint with `{run_command('sample.py')}`")
         there = "" if same_folder(out_dir, OUT_DIR) else f" --out_dir={shlex.quote(out_dir)}"
         raise ValueError(f"no checkpoint at {path}; train one first with `{run_command('train.py')}{there}` "
                          "(or pass --out_dir=DIR holding ckpt.pt)")
@@ -340,12 +345,17 @@ def some_characters(chars, shown=20):
     return f"{len(chars):,} characters, {chars[:shown]!r} and {len(chars) - shown:,} more"
 
 
-def check_out_dir(out_dir, resuming, overwrite):
-    """Before the work, reading only: out_dir is a folder (or none yet), and a new run does not destroy a
-    trained checkpoint unless told to."""
+def check_out_dir(out_dir, resuming, overwrite, data_dir):
+    """Before the work, reading only: out_dir is a folder (or none yet), a new run does not destroy a
+    trained checkpoint unless told to, nor write among another corpus's token files (out_dir and data_dir
+    mixed up: the run would train on data_dir, not on the data it was meant for)."""
     path = ckpt_path(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"out_dir={out_dir!r} is a file, not a folder; pick another --out_dir")
+    if not resuming and os.path.isfile(meta_path(out_dir)) and not same_folder(out_dir, data_dir):
+        raise ValueError(f"out_dir={out_dir!r} holds prepared data (meta.json), and this run trains on "
+                         f"{data_dir}: to train on it, give --data_dir={as_typed(out_dir)} and another --out_dir; "
+                         "else pick another --out_dir")
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, not a checkpoint; move it away or pick another --out_dir")
     if not resuming and not overwrite and os.path.exists(path):

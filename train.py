@@ -434,7 +434,7 @@ def load_resume_point(cfg):
     """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads; else None,
     once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read)."""
     if not cfg.eval_only:
-        check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite)
+        check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite, data_dir=cfg.data_dir)
     if cfg.init_from != "resume":
         return None
     checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))

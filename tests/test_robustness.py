@@ -1845,6 +1845,13 @@ CASES = [
                     f"--init_from={c.dir}"]),
     Case("sample-prompt-not-utf8", lambda c: sample_args(c, "--start=caf\udce9"),
          lambda c: ["--start is not UTF-8 text (the terminal's encoding?)"]),
+    # --out_dir given for --data_dir: the run would train on data_dir's corpus and write among the other's token files
+    Case("out-dir-holds-another-corpus", lambda c: train_args(c, out=c.broken_data(lambda d: None)),
+         lambda c: [f"out_dir='{c.dir / 'data'}' holds prepared data (meta.json), and this run trains on {c.data}: "
+                    f"to train on it, give --data_dir={c.dir / 'data'} and another --out_dir"]),
+    Case("sample-out-dir-holds-prepared-data", lambda c: sample_args(c, out=c.broken_data(lambda d: None)),
+         lambda c: [f"{c.dir / 'data'} holds prepared data (meta.json), not a checkpoint: train on it with "
+                    f"`python train.py --data_dir={c.dir / 'data'}`, then sample its checkpoint with `python sample.py`"]),
     Case("sample-attention-map-a-directory-named-without-an-extension",
          lambda c: sample_args(c, f"--attention_map={c.dir}"),
          lambda c: [f"{c.dir} is a directory; name a file in it, e.g. {c.dir / 'attn.html'}"]),
