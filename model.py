@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attention import Backend, KVCache, MultiHeadAttention, check_heads, dropout
-from configurator import check_at_least, check_types, first_line, whole_number
+from configurator import as_typed, check_at_least, check_types, first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
 from files import load_torch_file
 
@@ -375,6 +375,12 @@ def gpt2_activation(hf, directory):
 def check_init_from(name, own):
     """ValueError unless name is one of a script's own starting points (own: "scratch", "resume") or
     what from_pretrained can be asked for: a local directory, a GPT-2 name, or a hub name (owner/model)."""
+    if os.path.isfile(name):  # out/ckpt.pt would otherwise be asked of the hub as a model named so
+        folder = as_typed(os.path.dirname(name) or ".")
+        resume = (f", and a checkpoint of train.py's as --init_from=resume --out_dir={folder}"
+                  if "resume" in own and zipfile.is_zipfile(name) else "")  # torch saves a zip
+        raise ValueError(f"init_from={name!r} is a file; GPT-2's weights are given as the folder that holds "
+                         f"config.json and model.safetensors{resume}")
     hub_name = name.count("/") == 1 and not name.startswith(("/", "."))
     if name in own or os.path.isdir(name) or name in GPT2_NAMES or hub_name:
         return

@@ -1790,6 +1790,14 @@ CASES = [
         *train_args(c, f"--init_from={c.dir}/hf")][2:],
          lambda c: ["holds char tokens; prepare such data with `python data/prepare.py --input=FILE --tokenizer=gpt2 "
                     "--out_dir=DIR` and give --data_dir=DIR"]),
+    # a checkpoint's file as init_from: it had been asked of the hub as a model named out/ckpt.pt
+    Case("init-from-a-checkpoint-file", lambda c: train_args(c, f"--init_from={c.trained / 'ckpt.pt'}"),
+         lambda c: [f"init_from='{c.trained / 'ckpt.pt'}' is a file; GPT-2's weights are given as the folder that "
+                    f"holds config.json and model.safetensors, and a checkpoint of train.py's as --init_from=resume "
+                    f"--out_dir={c.trained}"]),
+    Case("sample-init-from-a-text-file", lambda c: sample_args(c, f"--init_from={c.data / 'meta.json'}"),
+         lambda c: [f"init_from='{c.data / 'meta.json'}' is a file; GPT-2's weights are given as the folder that "
+                    "holds config.json and model.safetensors"]),
     Case("init-from-a-train-py-out-dir", lambda c: train_args(c, f"--init_from={c.trained}"),
          lambda c: ["is not GPT-2's weights: it holds train.py's ckpt.pt: give --init_from=resume "
                     f"--out_dir={c.trained}"]),
@@ -1851,7 +1859,8 @@ CASES = [
                     f"to train on it, give --data_dir={c.dir / 'data'} and another --out_dir"]),
     Case("sample-out-dir-holds-prepared-data", lambda c: sample_args(c, out=c.broken_data(lambda d: None)),
          lambda c: [f"{c.dir / 'data'} holds prepared data (meta.json), not a checkpoint: train on it with "
-                    f"`python train.py --data_dir={c.dir / 'data'}`, then sample its checkpoint with `python sample.py`"]),
+                    f"`python train.py --data_dir={c.dir / 'data'}`, then sample its checkpoint with "
+                    "`python sample.py`"]),
     Case("sample-attention-map-a-directory-named-without-an-extension",
          lambda c: sample_args(c, f"--attention_map={c.dir}"),
          lambda c: [f"{c.dir} is a directory; name a file in it, e.g. {c.dir / 'attn.html'}"]),
