@@ -4,6 +4,7 @@ read-only memmaps of uint16 token ids, and random training batches drawn from th
 """
 import json
 import os
+import shlex
 
 import numpy as np
 import torch
@@ -11,6 +12,15 @@ import torch
 from configurator import first_line, whole_number
 from data.prepare import TOKEN_DTYPE, meta_path, prepare_command, split_path, split_paths
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
+
+
+def prepared_folders_in(folder):
+    """The names of the folders directly in folder that hold a meta.json (prepared data), sorted."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:  # none there, or not a folder
+        return []
+    return [n for n in names if os.path.isfile(meta_path(os.path.join(folder, n)))]
 
 
 def load_meta(data_dir):
@@ -23,6 +33,11 @@ def load_meta(data_dir):
         raise ValueError(f"{path} is not a file (a directory, say); prepare the data again with "
                          f"`{prepare_command(data_dir)}`")
     if not os.path.isfile(path):
+        within = prepared_folders_in(data_dir)
+        if within:  # data/ for data/shakespeare_char: a folder of prepared ones, not one itself
+            shown = ", ".join(within[:5]) + (f" and {len(within) - 5} more" if len(within) > 5 else "")
+            raise ValueError(f"no meta.json in {data_dir}, which holds prepared data folders ({shown}): give one of "
+                             f"them, e.g. --data_dir={shlex.quote(os.path.join(data_dir, within[0]))}")
         tokens = [os.path.basename(p) for p in split_paths(data_dir) if os.path.exists(p)]
         why = ("it was prepared by nanoGPT (its meta.pkl), whose files this code does not read" if
                os.path.isfile(os.path.join(data_dir, "meta.pkl")) else

@@ -1853,6 +1853,11 @@ CASES = [
                     f"--init_from={c.dir}"]),
     Case("sample-prompt-not-utf8", lambda c: sample_args(c, "--start=caf\udce9"),
          lambda c: ["--start is not UTF-8 text (the terminal's encoding?)"]),
+    # the folder above a prepared one (data/ for data/shakespeare_char): preparing into it, as the message had
+    # said, wrote token files beside data/'s code
+    Case("data-dir-holds-prepared-folders", lambda c: [c.broken_data(lambda d: None), *train_args(c, data=c.dir)][1:],
+         lambda c: [f"no meta.json in {c.dir}, which holds prepared data folders (data): give one of them, e.g. "
+                    f"--data_dir={c.dir / 'data'}"]),
     # --out_dir given for --data_dir: the run would train on data_dir's corpus and write among the other's token files
     Case("out-dir-holds-another-corpus", lambda c: train_args(c, out=c.broken_data(lambda d: None)),
          lambda c: [f"out_dir='{c.dir / 'data'}' holds prepared data (meta.json), and this run trains on {c.data}: "
