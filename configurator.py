@@ -369,12 +369,24 @@ def load_config(cls, argv):
         raise ConfigError(str(e) + (f" ({'; '.join(named)})" if named else "")) from None
 
 
+# what other training and sampling scripts (Hugging Face's, PyTorch's examples) call some of these settings:
+# --lr had been taken for a cut-short lr_decay_iters. Offered only where the class has the setting.
+OTHER_NAMES = {"lr": "learning_rate", "wd": "weight_decay", "epochs": "max_iters", "steps": "max_iters",
+               "max_steps": "max_iters", "bs": "batch_size", "seq_len": "block_size", "context_length": "block_size",
+               "d_model": "n_embd", "hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head",
+               "warmup_steps": "warmup_iters", "max_grad_norm": "grad_clip", "output_dir": "out_dir",
+               "temp": "temperature", "prompt": "start", "max_tokens": "max_new_tokens"}
+
+
 def check_key(key, names, where):
-    """ConfigError unless key is one of names (a class's fields), with the nearest if one is near: a typo's."""
+    """ConfigError unless key is one of names (a class's fields), with what was likely meant: another script's
+    name for a setting (OTHER_NAMES), the settings that begin as key does (--batch), else a typo's nearest."""
     if key not in names:  # a field: the class's ClassVars (USAGE, ...) have type hints too
-        near = [name for name in names if name.startswith(key)][:1] or difflib.get_close_matches(  # --batch, a typo
-            key, names, n=1, cutoff=0.75)  # 0.6 took out_dir for data_dir, as near as batch is to batch_size
-        hint = f"did you mean {near[0]!r}? " if near else ""
+        near = ([OTHER_NAMES[key]] if OTHER_NAMES.get(key) in names else
+                [name for name in names if name.startswith(key)] or
+                difflib.get_close_matches(key, names, n=1, cutoff=0.75))  # 0.6 took out_dir for data_dir
+        hint = (f"did you mean {near[0]!r}? " if len(near) == 1 else
+                f"did you mean one of {', '.join(map(repr, near))}? " if near else "")
         raise ConfigError(f"unknown setting {key!r} in {where}; {hint}valid settings: {', '.join(names)}")
 
 

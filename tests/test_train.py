@@ -1806,9 +1806,14 @@ def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig, Sa
     with pytest.raises(ConfigError, match="xyzzy") as e:
         load_config(TrainConfig, ["--xyzzy=1"])
     assert "did you mean" not in str(e.value)  # no close match, no suggestion
-    for typed, meant in (("batch", "batch_size"), ("warmup", "warmup_iters"), ("data", "data_dir")):  # cut short
+    for typed, meant in (("batch", "batch_size"), ("warmup", "warmup_iters"), ("data", "data_dir"),  # cut short
+                         ("lr", "learning_rate"), ("epochs", "max_iters")):  # other scripts' names
         with pytest.raises(ConfigError, match=f"did you mean {meant!r}"):
             load_config(TrainConfig, [f"--{typed}=1"])
+    with pytest.raises(ConfigError, match="did you mean one of 'eval_only', 'eval_interval', 'eval_iters'\\?"):
+        load_config(TrainConfig, ["--eval=1"])  # several begin so: each, not the first
+    with pytest.raises(ConfigError, match="did you mean 'temperature'"):
+        load_config(SampleConfig, ["--temp=0.5"])
     # another script's setting is not a typo of this one's: train.py's data_dir in sample.py was "out_dir?"
     for cls, key in ((SampleConfig, "data_dir"), (TrainConfig, "max_new_tokens")):
         with pytest.raises(ConfigError, match=rf"^unknown setting '{key}' in the command line; valid settings"):
