@@ -769,6 +769,8 @@ def test_cli_errors(tmp_path, run_main):
             (["--input=a.txt,missing.txt", "--out_dir=x"], f"--input=missing.txt: no such file; check the path "
                                                            f"(a relative one starts in {tmp_path})"),
             (["--input=a.txt,texts", "--out_dir=x"], directory),
+            (["--input=texts/*.txt", "--out_dir=x"], "--input=texts/*.txt: --input takes files by name; a pattern "
+                                                     "is --dataset's (--dataset='texts/*.txt')"),  # quoted: unexpanded
             (["--input=a.txt,texts", "--out_dir=x", "--tokenizer=char"], directory),
             (["--input=a.txt,pipe", "--out_dir=x"], pipe),
             (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),
