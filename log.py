@@ -268,7 +268,9 @@ def plot_losses(metrics_path, png_path, run_id):
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 2, sharey=True)
     for ax, x in zip(axes, ("iter", "seconds")):
-        ax.plot([r[x] for r in steps], [r["loss"] for r in steps], alpha=0.4, label="train (logged steps)")
+        # dots too: the one logged step of a short run (under twice --log_interval's 50) is no line at all
+        ax.plot([r[x] for r in steps], [r["loss"] for r in steps], ".-", markersize=3, alpha=0.4,
+                label="train (logged steps)")
         ax.plot([r[x] for r in evals], [r["train_loss"] for r in evals], "o-", label="train (eval)")
         ax.plot([r[x] for r in evals], [r["val_loss"] for r in evals], "o-", label="val (eval)")
         ax.set_xlabel("iteration" if x == "iter" else "training seconds")

@@ -217,6 +217,8 @@ def test_plot_losses_draws_both_axes_of_its_own_runs_records(tmp_path, drawn_fig
         assert drawn == [([x(i) for i in steps], [4 * math.exp(-i / 30) + 1 for i in steps]),
                          ([x(i) for i in evals], [4 * math.exp(-i / 30) + 1.1 for i in evals]),
                          ([x(i) for i in evals], [4 * math.exp(-i / 30) + 1.2 for i in evals])]
+        assert all(line.get_marker() not in ("None", "", " ", None) for line in ax.get_lines()), \
+            "a run that logged one step (shorter than --log_interval's 50 iterations twice) showed no training curve"
 
 
 @pytest.mark.parametrize("n_tokens", [20, 300], ids=["within a window", "many windows"])
