@@ -18,6 +18,7 @@ import typing
 
 import torch
 
+from configurator import first_line
 from files import atomic_write, cache_home
 
 TorchDType = typing.Literal["float32", "bfloat16", "float16"]  # the precisions a script may run in
@@ -30,6 +31,16 @@ def ran_out_of_memory(error):
     text = str(error)
     return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory"
             in text or "MPS backend out of memory" in text)
+
+
+def compile_failure(error):
+    """torch.compile's error as one line for a note: its first line ("C++ compile error"), and the first line of a
+    C++ compiler's output that says what went wrong, which names what to install (Python.h: the Python headers;
+    omp.h: OpenMP, on a Mac)."""
+    said = first_line(error, with_type=True)[:200]
+    detail = next((m.group(0) for line in str(error).splitlines()[1:]
+                   for m in [re.search(r"(fatal )?error: .*", line)] if m), "")
+    return f"{said}: {detail[:200]}" if detail else said
 
 
 def pick_device(name):

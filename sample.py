@@ -26,12 +26,11 @@ from attention_map import (PAGE_MAX_BYTES, PAGE_MAX_TOKENS, PICTURE_FORMATS, pag
                            write_attention_page)
 from checkpoint import (OUT_DIR, check_not_an_out_dir, checkpoint_tokenizer, ckpt_path, field_problems,
                         load_checkpoint, model_from_checkpoint)
-from configurator import (check_at_least, check_folders_named, check_types, config_from_argv, expand_home, fail,
-                          first_line)
+from configurator import check_at_least, check_folders_named, check_types, config_from_argv, expand_home, fail
 from data.tokenizer import GPT2Tokenizer
 from files import NO_ROOM, OutputThatMayClose, check_stdout, check_writable, read_text_file
-from hardware import (DType, check_threads, device_type_of, last_level_cache_bytes, make_current, memory_bytes,
-                      pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
+from hardware import (DType, check_threads, compile_failure, device_type_of, last_level_cache_bytes, make_current,
+                      memory_bytes, pick_device, pick_dtype, ran_out_of_memory, set_up_cpu)
 from model import GPT, RUNTIME_SETTINGS, check_init_from, check_sampling
 
 
@@ -320,7 +319,7 @@ def compile_and_warm_up(model, ids, cfg):
             model.generate(torch.tensor([prompt] * cfg.num_samples, device=device), 2, temperature=0,
                            use_kv_cache=cfg.use_kv_cache)
     except Exception as e:  # inductor's errors have many types: no C++ compiler, an unsupported op, ...
-        fail(f"--compile=true: torch.compile failed here ({first_line(e, with_type=True)[:200]}); "
+        fail(f"--compile=true: torch.compile failed here ({compile_failure(e)}); "
              "sample with --compile=false", status=1)
 
 

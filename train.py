@@ -46,8 +46,8 @@ from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path
                           prepare_default_corpus, split_paths)
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
-from hardware import (DType, autocast, check_threads, cpu_has_bf16, device_type_of, dtype_name, enable_tf32,
-                      make_current, memory_bytes, pick_device, pick_dtype, processes_on_this_machine,
+from hardware import (DType, autocast, check_threads, compile_failure, cpu_has_bf16, device_type_of, dtype_name,
+                      enable_tf32, make_current, memory_bytes, pick_device, pick_dtype, processes_on_this_machine,
                       ran_out_of_memory, set_up_cpu)
 from files import NO_ROOM, NOT_WRITABLE, OutputThatMayClose, check_stdout, same_folder
 from interrupts import interrupt_on_hang_up, interrupt_on_sigterm, interrupted_by
@@ -676,7 +676,7 @@ def compile_model(model, cfg, setup, optimizers):
         if ran_out_of_memory(e):  # not the compiler's failure: training uncompiled would need more memory
             raise
         if setup.master:
-            print(f"note: torch.compile failed ({first_line(e, with_type=True)[:200]}); training uncompiled "
+            print(f"note: torch.compile failed ({compile_failure(e)}); training uncompiled "
                   "(--compile=false skips the attempt)")
         return model
     finally:

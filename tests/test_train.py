@@ -1293,6 +1293,19 @@ def test_a_model_that_cannot_compile_trains_uncompiled_with_a_note(tmp_path, dat
     assert all(p.grad is None for p in model.parameters()), "the compile attempt left gradients behind"
 
 
+def test_a_compilers_error_names_what_went_wrong():
+    """A C++ compiler's failure said only "C++ compile error": the line of its output that names the missing
+    header (Python.h without a distribution's python3-dev, omp.h on a Mac) comes with it."""
+    from hardware import compile_failure
+    error = RuntimeError("CppCompileError: C++ compile error\n\nCommand:\ng++ /tmp/x/main.cpp -O3 -o x.so\n\nOutput:\n"
+                         "/tmp/x/main.cpp:1:10: fatal error: Python.h: No such file or directory\n"
+                         "compilation terminated.\n")
+    assert compile_failure(error) == ("RuntimeError: CppCompileError: C++ compile error: fatal error: Python.h: No such "
+                                      "file or directory")
+    assert compile_failure(RuntimeError("no C++ compiler found\nmore detail")) == \
+        "RuntimeError: no C++ compiler found"  # nothing there names an error: the first line alone
+
+
 def test_main_gives_torch_s_deterministic_mode_back_as_it_found_it(tmp_path, data_dir, monkeypatch):
     """compile_model switches deterministic mode on for a CPU run (one seed, one set of weights); a caller
     of train.main (a notebook, a test) then found it on, process-wide, after the run."""
