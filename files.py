@@ -50,6 +50,11 @@ def atomic_write(path, write):
         fd = os.open(directory, os.O_DIRECTORY)
         try:
             os.fsync(fd)
+        except OSError as e:
+            # network and shared folders (SMB, sshfs, a VM's) refuse a folder's fsync; the file, flushed and
+            # renamed, is whole there all the same
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
         finally:
             os.close(fd)
 

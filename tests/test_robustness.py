@@ -1504,6 +1504,31 @@ def test_a_stale_temporary_file_that_cannot_be_removed_is_left(tmp_path, monkeyp
     assert os.path.exists(stale)
 
 
+@pytest.mark.parametrize("refusal", [errno.EINVAL, errno.EIO])
+def test_a_folder_that_refuses_fsync_still_gets_the_file(tmp_path, monkeypatch, refusal):
+    """SMB, sshfs and a VM's shared folders refuse a folder's fsync (EINVAL): the file, written, flushed and renamed,
+    is whole, and a save there had been reported failed, "ckpt.pt still holds an earlier run's checkpoint". A disk's
+    own failure (EIO) is still an error."""
+    import stat
+
+    import files
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(refusal, os.strerror(refusal))
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    path = tmp_path / "ckpt.pt"
+    if refusal == errno.EIO:
+        with pytest.raises(OSError):
+            files.atomic_write(str(path), lambda f: f.write(b"new"))
+    else:
+        files.atomic_write(str(path), lambda f: f.write(b"new"))
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
 def test_a_checkpoint_saved_through_a_link_updates_its_target_and_keeps_the_link(tmp_path):
     """out_dir/ckpt.pt as a link to a file elsewhere (a larger disk): the save went onto the link itself, a
     regular file in its place on out_dir's disk, and the link's target kept the old iteration without a word."""
