@@ -425,6 +425,11 @@ def lock_out_dir(out_dir, made=()):
             raise ValueError(f"{out_dir} is in use by process {pid or '?'} on {host or '?'} (see {path}); wait for "
                              "that run to end (then continue it with --init_from=resume) or pick another "
                              "--out_dir") from None
+        except OSError as e:  # a filesystem that takes no locks (exFAT, FAT, some network ones)
+            HELD_LOCKS[out_dir] = fd, made
+            unlock_out_dir(out_dir)  # the file and the folders made for it go again
+            raise ValueError(f"cannot lock out_dir={out_dir!r}, which keeps a second run out of it: its filesystem "
+                             f"takes no locks ({e.strerror or e}); pick an --out_dir on another disk") from None
         try:  # the file at path may be one a finishing run removed after this process opened it
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break

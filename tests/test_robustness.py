@@ -1379,6 +1379,23 @@ def test_something_in_the_way_of_the_lock_is_one_line(tmp_path, blocker):
         checkpoint.lock_out_dir(str(tmp_path))
 
 
+def test_a_filesystem_without_locks_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """exFAT, FAT and some network filesystems take no flock: "[Errno 37] No locks available" had named no file
+    and no fix, and left out_dir with an empty .lock behind."""
+    import checkpoint
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
+    out = tmp_path / "usb" / "out"
+    with pytest.raises(ValueError, match=rf"^cannot lock out_dir='{out}', which keeps a second run out of it: its "
+                                         r"filesystem takes no locks \(No locks available\); pick an --out_dir on "
+                                         r"another disk$"):
+        checkpoint.claim_out_dir(str(out), 1000)
+    assert os.listdir(tmp_path) == [], "the folders made for the run went again"
+
+
 def contend_for(out, index, barrier, results):
     """One of several processes that start on out together: try to lock it, say whether it could.
     Process i pauses 0.1 * (i + 1) s after reading the lock (as a busy machine can make a process
