@@ -23,9 +23,12 @@ import signal
 import sys
 import textwrap
 import tokenize
-import tomllib
 import types
 import typing
+
+if sys.version_info < (3, 11):  # tomllib, which reads the config files, came with 3.11: one line, not its traceback
+    sys.exit(f"error: this code needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+import tomllib  # noqa: E402
 
 from files import silence
 

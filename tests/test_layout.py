@@ -125,3 +125,12 @@ def test_main_restores_signal_handlers_and_leaves_no_process_group(tmp_path, dat
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
     assert not torch.distributed.is_initialized()
     assert os.path.exists(tmp_path / "o" / "ckpt.pt")
+
+
+def test_an_older_python_is_told_which_it_needs():
+    """tomllib came with Python 3.11: on 3.10 every script had stopped in a traceback at configurator's import."""
+    older = "import sys; sys.version_info = (3, 10, 13); sys.version = '3.10.13 (main)'; import configurator"
+    proc = subprocess.run([sys.executable, "-c", older], cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        1, "", "error: this code needs Python 3.11 or newer; this is 3.10.13\n"), proc.stderr[-2000:]
