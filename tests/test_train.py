@@ -1300,8 +1300,8 @@ def test_a_compilers_error_names_what_went_wrong():
     error = RuntimeError("CppCompileError: C++ compile error\n\nCommand:\ng++ /tmp/x/main.cpp -O3 -o x.so\n\nOutput:\n"
                          "/tmp/x/main.cpp:1:10: fatal error: Python.h: No such file or directory\n"
                          "compilation terminated.\n")
-    assert compile_failure(error) == ("RuntimeError: CppCompileError: C++ compile error: fatal error: Python.h: No such "
-                                      "file or directory")
+    assert compile_failure(error) == ("RuntimeError: CppCompileError: C++ compile error: fatal error: Python.h: No "
+                                      "such file or directory")
     assert compile_failure(RuntimeError("no C++ compiler found\nmore detail")) == \
         "RuntimeError: no C++ compiler found"  # nothing there names an error: the first line alone
 
