@@ -467,7 +467,8 @@ def as_run(cfg, setup, checkpoint):
         taken = {k: v if k == "vocab_size" else model.get(k, v) for k, v in taken.items()}
     resolved = with_machine_width(type(cfg)(), setup.device_type)  # a default is noted only where it differs
     shown = [f"{k}={v}" for k, v in taken.items() if v != getattr(resolved, k)]
-    kept = f"note: the model's settings as the checkpoint has them: {', '.join(shown)}" if shown else ""
+    kept = (f"note: the model's settings as the checkpoint has them, where this run left them at (or set them to) "
+            f"their defaults: {', '.join(shown)}" if shown else "")
     return replace(with_machine_width(cfg, setup.device_type), device=setup.device, dtype=dtype_name(setup.dtype),
                    gradient_accumulation_steps=setup.accumulation_steps,
                    data_dir=os.path.normpath(cfg.data_dir)), kept

@@ -635,7 +635,8 @@ def test_a_resumed_runs_data_is_checked_against_its_own_block_size(tmp_path, cap
     resumed = train.main(tiny_config(tmp_path / "data", tmp_path / "out", compile=False, max_iters=3,
                                      init_from="resume", block_size=train.TrainConfig().block_size))
     assert resumed.config.block_size == 8 and load(tmp_path / "out" / "ckpt.pt")["iter_num"] == 3
-    assert "note: the model's settings as the checkpoint has them: block_size=8\n" in capsys.readouterr().out
+    assert "note: the model's settings as the checkpoint has them, where this run left them at (or set them to) " \
+        "their defaults: block_size=8\n" in capsys.readouterr().out
 
 
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
@@ -684,8 +685,9 @@ def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     assert [int(m[0]) for m in LOG_LINE.findall(resumed.stdout)] == [1, 2, 3], resumed.stdout
     # the model's shape, as the weights gave it: not train.py's defaults for a model from scratch, which this run's
     # settings kept (so that its command line resumes it)
-    assert "note: the model's settings as the checkpoint has them: n_head=2, n_embd=16, bias=True, " \
-        "pos_embedding=learned, norm=layernorm, activation=gelu_tanh\n" in resumed.stdout, resumed.stdout
+    assert "note: the model's settings as the checkpoint has them, where this run left them at (or set them to) " \
+        "their defaults: n_head=2, n_embd=16, bias=True, pos_embedding=learned, norm=layernorm, " \
+        "activation=gelu_tanh\n" in resumed.stdout, resumed.stdout
     rescored = check_ok(launch("train.py", *common, "--init_from=resume", "--eval_only=true", "--learning_rate=1e-3"))
     assert f"evaluating {out / 'ckpt.pt'} at iteration 3" in rescored.stdout, rescored.stdout
     assert "resuming" not in rescored.stdout and "training follows" not in rescored.stdout, rescored.stdout
