@@ -375,6 +375,8 @@ def gpt2_activation(hf, directory):
 def check_init_from(name, own):
     """ValueError unless name is one of a script's own starting points (own: "scratch", "resume") or
     what from_pretrained can be asked for: a local directory, a GPT-2 name, or a hub name (owner/model)."""
+    if name in own or name in GPT2_NAMES:  # whatever files the working directory holds
+        return
     if os.path.isfile(name):  # out/ckpt.pt would otherwise be asked of the hub as a model named so
         folder = as_typed(os.path.dirname(name) or ".")
         resume = (f", and a checkpoint of train.py's as --init_from=resume --out_dir={folder}"
@@ -382,7 +384,7 @@ def check_init_from(name, own):
         raise ValueError(f"init_from={name!r} is a file; GPT-2's weights are given as the folder that holds "
                          f"config.json and model.safetensors{resume}")
     hub_name = name.count("/") == 1 and not name.startswith(("/", "."))
-    if name in own or os.path.isdir(name) or name in GPT2_NAMES or hub_name:
+    if os.path.isdir(name) or hub_name:
         return
     raise ValueError(f"init_from={name!r} is none of: {', '.join(own)}, a GPT-2 name ({', '.join(GPT2_NAMES)}), "
                      "a Hugging Face name (owner/model), a local directory")

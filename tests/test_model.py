@@ -845,6 +845,19 @@ def test_script_configs_refuse_a_choice_they_do_not_have(script, setting, value)
         cls(**{setting: value})
 
 
+def test_a_file_named_as_a_starting_point_is_not_taken_for_it(tmp_path, monkeypatch):
+    """init_from is a name before it is a path: files called scratch, resume or gpt2 in the working directory
+    had made every run refuse its own default, "init_from='scratch' is a file"."""
+    from model import check_init_from
+    monkeypatch.chdir(tmp_path)
+    for name in ("scratch", "resume", "gpt2"):
+        (tmp_path / name).write_text("")
+        check_init_from(name, own=("scratch", "resume"))
+    (tmp_path / "weights.bin").write_text("")
+    with pytest.raises(ValueError, match="^init_from='weights.bin' is a file; GPT-2's weights are given as the folder"):
+        check_init_from("weights.bin", own=("scratch", "resume"))
+
+
 def test_an_optional_choice_may_be_left_unset():
     """Optional[Literal[...]] (as bench/train.py's dtype, where none is the config's) takes None and its choices."""
     from dataclasses import dataclass
