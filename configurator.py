@@ -374,7 +374,7 @@ def load_config(cls, argv):
 
 # what other training and sampling scripts (Hugging Face's, PyTorch's examples) call some of these settings:
 # --lr had been taken for a cut-short lr_decay_iters. Offered only where the class has the setting.
-OTHER_NAMES = {"lr": "learning_rate", "wd": "weight_decay", "epochs": "max_iters", "steps": "max_iters",
+OTHER_NAMES = {"lr": "learning_rate", "wd": "weight_decay", "steps": "max_iters",
                "max_steps": "max_iters", "bs": "batch_size", "seq_len": "block_size", "context_length": "block_size",
                "d_model": "n_embd", "hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head",
                "warmup_steps": "warmup_iters", "max_grad_norm": "grad_clip", "output_dir": "out_dir",

@@ -1389,11 +1389,16 @@ def test_a_filesystem_without_locks_is_one_line_and_leaves_nothing(tmp_path, mon
 
     monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
     out = tmp_path / "usb" / "out"
-    with pytest.raises(ValueError, match=rf"^cannot lock out_dir='{out}', which keeps a second run out of it: its "
-                                         r"filesystem takes no locks \(No locks available\); pick an --out_dir on "
-                                         r"another disk$"):
+    refused = rf"^cannot lock out_dir='{out}', which keeps a second run out of it: its filesystem takes no locks " \
+              r"\(No locks available\); on a disk that takes them, "
+    with pytest.raises(ValueError, match=refused + "pick another --out_dir$"):
         checkpoint.claim_out_dir(str(out), 1000)
     assert os.listdir(tmp_path) == [], "the folders made for the run went again"
+    out.mkdir(parents=True)  # a resume there: another --out_dir holds no checkpoint, a copy of this one does
+    elsewhere = re.escape(f"copy it to a folder that can be written (cp -r {out} NEW)")
+    with pytest.raises(ValueError, match=refused + elsewhere):
+        checkpoint.claim_out_dir(str(out), 1000, resuming=True)
+    assert os.listdir(out) == [], "no .lock left behind"
 
 
 def contend_for(out, index, barrier, results):

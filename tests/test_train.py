@@ -1822,7 +1822,7 @@ def test_unknown_key_names_it_suggests_and_lists_valid(tmp_path, TrainConfig, Sa
         load_config(TrainConfig, ["--xyzzy=1"])
     assert "did you mean" not in str(e.value)  # no close match, no suggestion
     for typed, meant in (("batch", "batch_size"), ("warmup", "warmup_iters"), ("data", "data_dir"),  # cut short
-                         ("lr", "learning_rate"), ("epochs", "max_iters")):  # other scripts' names
+                         ("lr", "learning_rate"), ("steps", "max_iters")):  # other scripts' names
         with pytest.raises(ConfigError, match=f"did you mean {meant!r}"):
             load_config(TrainConfig, [f"--{typed}=1"])
     with pytest.raises(ConfigError, match="did you mean one of 'eval_only', 'eval_interval', 'eval_iters'\\?"):
