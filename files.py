@@ -173,8 +173,9 @@ def check_text_file(path, flag, instead="a text file in it"):
 
 
 def same_folder(path, other):
-    """Whether two spellings name one folder (data/x, ./data/x, /abs/path/data/x), relative ones from here."""
-    return os.path.abspath(path) == os.path.abspath(other)
+    """Whether two spellings name one folder (data/x, ./data/x, /abs/path/data/x, a link to it), relative ones
+    from here."""
+    return os.path.realpath(path) == os.path.realpath(other)
 
 
 def read_text_file(path, flag):

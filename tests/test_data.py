@@ -751,6 +751,7 @@ def test_cli_errors(tmp_path, run_main):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "tiny.txt").write_text("abc")
     (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "b.txt").write_text("more text")
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     (tmp_path / "tokens.bin").write_bytes(b"Fi\x00rst\x01\x00")  # ASCII-only binary data decodes as UTF-8
     os.mkfifo(tmp_path / "pipe")  # reading it would wait for a writer
@@ -771,6 +772,7 @@ def test_cli_errors(tmp_path, run_main):
             (["--input=a.txt,texts", "--out_dir=x"], directory),
             (["--input=texts/*.txt", "--out_dir=x"], "--input=texts/*.txt: --input takes files by name; a pattern "
                                                      "is --dataset's (--dataset='texts/*.txt')"),  # quoted: unexpanded
+            (["--input=a[1].txt", "--out_dir=x"], "--input=a[1].txt: no such file"),  # a name, matching nothing
             (["--input=a.txt,texts", "--out_dir=x", "--tokenizer=char"], directory),
             (["--input=a.txt,pipe", "--out_dir=x"], pipe),
             (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),

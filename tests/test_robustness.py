@@ -1551,6 +1551,21 @@ def test_a_folder_that_refuses_fsync_still_gets_the_file(tmp_path, monkeypatch, 
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+def test_an_out_dir_in_the_data_folder_it_trains_on_is_its_own_however_spelt(tmp_path, monkeypatch):
+    """A prepared folder may be the run's out_dir where the run trains on it, given through a link or as ./x/: the
+    refusal of another corpus's folder had taken a link to the same folder for another."""
+    from checkpoint import check_out_dir
+    from files import same_folder
+    prepare_char(TEXT, str(tmp_path / "data"))
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    assert same_folder("link", "data") and same_folder("./data/", str(tmp_path / "data"))
+    assert not same_folder("data", str(tmp_path))
+    check_out_dir("data/", resuming=False, overwrite=False, data_dir="link")
+    with pytest.raises(ValueError, match="^out_dir='data/' holds prepared data"):
+        check_out_dir("data/", resuming=False, overwrite=False, data_dir=str(tmp_path))
+
+
 def test_a_checkpoint_saved_through_a_link_updates_its_target_and_keeps_the_link(tmp_path):
     """out_dir/ckpt.pt as a link to a file elsewhere (a larger disk): the save went onto the link itself, a
     regular file in its place on out_dir's disk, and the link's target kept the old iteration without a word."""
