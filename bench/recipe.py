@@ -45,7 +45,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -243,6 +242,7 @@ def check_base_settings(cfg, configs, given):
     """One line, before any run trains, where the base checkout's train.py lacks a setting that a config or
     train_args gives it (an option newer than the base): its every run would fail at its start while this
     checkout's trained. Its settings are the names its --help lists; a train.py without one is not checked."""
+    import tomllib  # here, after configurator's check that this Python has it (3.11)
     helped = subprocess.run([sys.executable, "train.py", "--help"], cwd=cfg.base_repo, capture_output=True, text=True,
                             env={**os.environ, "TORCHDYNAMO_DISABLE": "1"}, timeout=300)
     known = set(re.findall(r"^\s*--(\w+)", helped.stdout, re.M))
