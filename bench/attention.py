@@ -109,6 +109,16 @@ def warm_up_autograd(device, dtype):
 
 # ---- CPU peak memory, in a child process -------------------------------------------------------
 
+PROC_STATUS, CLEAR_REFS = "/proc/self/status", "/proc/self/clear_refs"  # Linux's; a Mac has neither
+
+
+def max_rss_kb():
+    """This process's peak RSS so far, in KiB: getrusage's ru_maxrss (which macOS gives in bytes)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
+
+
 def proc_kb(path, field):
     """A "Field:   123 kB" line's number in a /proc file (/proc/self/status, /proc/meminfo)."""
     with open(path) as f:
@@ -135,20 +145,18 @@ def single(cfg):
         warm_up_autograd(device, getattr(torch, cfg.dtype))
         step = make_case(cfg, backend, T, device)  # the baseline below includes its module and inputs
         try:
-            with open("/proc/self/clear_refs", "w") as f:
+            with open(CLEAR_REFS, "w") as f:
                 f.write("5")  # reset VmHWM to the current RSS
             method = "VmHWM after clear_refs"
         except OSError:
             method = "ru_maxrss - VmRSS (clear_refs not writable; may undercount)"
-        base_kb = proc_kb("/proc/self/status", "VmRSS")
+        if not os.path.exists(PROC_STATUS):  # no /proc (macOS): the peak's growth, from the peak so far
+            method = "ru_maxrss growth (no /proc; counts only what passes the peak before the step)"
+        base_kb = proc_kb(PROC_STATUS, "VmRSS") if os.path.exists(PROC_STATUS) else max_rss_kb()
         start = time.perf_counter()
         step()
         seconds = time.perf_counter() - start
-        if method.startswith("VmHWM"):
-            peak_kb = proc_kb("/proc/self/status", "VmHWM")
-        else:
-            import resource
-            peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_kb = proc_kb(PROC_STATUS, "VmHWM") if method.startswith("VmHWM") else max_rss_kb()
         result = {"status": "ok", "peak_bytes": max(0, peak_kb - base_kb) * 1024, "seconds": seconds,
                   "method": method}
     except Exception as e:  # noqa: BLE001 - reported to the parent, which decides

@@ -160,6 +160,23 @@ def test_attention_bench_child_keeps_the_malloc_limits_it_was_started_with(monke
     assert json.loads(capsys.readouterr().out.split("RESULT ", 1)[1])["status"] == "ok" and kept == []
 
 
+def test_attention_bench_child_measures_without_proc(monkeypatch, capsys):
+    """A Mac has no /proc: the child had failed every point ("No such file or directory: '/proc/self/status'")
+    and nothing was measured; it falls back to getrusage's peak."""
+    import bench.attention
+    from configurator import load_config
+    monkeypatch.setattr(bench.attention, "PROC_STATUS", "/nonexistent/status")
+    monkeypatch.setattr(bench.attention, "CLEAR_REFS", "/nonexistent/clear_refs")
+    threads = torch.get_num_threads()
+    try:
+        flags = ["--single=manual:512", "--device=cpu", "--n_embd=32", "--n_head=2", "--threads=1"]
+        bench.attention.single(load_config(bench.attention.AttentionBench, flags))
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads(capsys.readouterr().out.split("RESULT ", 1)[1])
+    assert result["status"] == "ok" and result["method"].startswith("ru_maxrss growth") and result["peak_bytes"] >= 0
+
+
 @pytest.mark.parametrize("variants,names", [
     ("attention", {"manual", "sdpa", "flash"}),
     ("optimizer", {"adamw", "muon"}),
