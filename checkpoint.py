@@ -375,7 +375,12 @@ def claim_out_dir(out_dir, checkpoint_bytes, resuming=False):
         "pick another --out_dir"
     with writable_directory(out_dir, "out_dir", instead=instead) as made:  # leaves no empty out_dir
         pass
-    lock_out_dir(out_dir, made, instead)
+    if resuming:  # another folder holds no checkpoint
+        lock_out_dir(out_dir, made, no_locks=f"copy it to a disk that takes them (cp -r {shlex.quote(out_dir)} NEW) "
+                                             "and resume there with --out_dir=NEW, or evaluate it where it is with "
+                                             "--eval_only=true")
+    else:
+        lock_out_dir(out_dir, made)
     clear_stale_temporaries(ckpt_path(out_dir), locked=True)
     try:  # the room, once a killed save's file no longer takes it
         with writable_directory(out_dir, "out_dir", room=1 << 20, instead=instead):
@@ -406,12 +411,12 @@ def smallest_checkpoint(model):
 HELD_LOCKS = {}  # out_dir -> (the open file descriptor of its .lock, the directories made for it), while held
 
 
-def lock_out_dir(out_dir, made=(), instead="pick another --out_dir"):
+def lock_out_dir(out_dir, made=(), no_locks="pick an --out_dir on a disk that takes them"):
     """Claim out_dir for this process, so that two runs never share it: an exclusive flock on
     out_dir/.lock, taken in one atomic step and released by the kernel when the process ends,
     however it ends (a killed run leaves no lock to take over). The file names the host and process
-    holding it, for the message another run gets: a ValueError naming that run. instead: what to do where
-    the filesystem takes no locks (a resumed run: copy its checkpoint elsewhere)."""
+    holding it, for the message another run gets: a ValueError naming that run. no_locks: what to do where
+    the filesystem takes no locks (a resumed run: copy its checkpoint to another disk)."""
     path = os.path.join(out_dir, ".lock")
     while True:
         try:
@@ -428,12 +433,12 @@ def lock_out_dir(out_dir, made=(), instead="pick another --out_dir"):
                              "that run to end (then continue it with --init_from=resume) or pick another "
                              "--out_dir") from None
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL):
                 raise
-            HELD_LOCKS[out_dir] = fd, made  # a filesystem that takes no locks (exFAT, FAT, some network ones)
+            HELD_LOCKS[out_dir] = fd, made  # a filesystem that takes no locks (exFAT, FAT, Lustre without -o flock)
             unlock_out_dir(out_dir)  # the file and the folders made for it go again
             raise ValueError(f"cannot lock out_dir={out_dir!r}, which keeps a second run out of it: its filesystem "
-                             f"takes no locks ({e.strerror or e}); on a disk that takes them, {instead}") from None
+                             f"takes no locks ({e.strerror or e}); {no_locks}") from None
         try:  # the file at path may be one a finishing run removed after this process opened it
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break

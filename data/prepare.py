@@ -203,7 +203,8 @@ def _existing_files(files):
     if not files:
         raise ValueError("no input files: give --input=a.txt (or a.txt,b.txt)")
     for path in files:
-        if not os.path.exists(path) and glob.glob(path):  # a pattern the shell did not expand (quoted): --dataset's
+        # a pattern the shell did not expand (quoted), matching files as --dataset's patterns do: --dataset's
+        if not os.path.exists(path) and any(map(os.path.isfile, glob.glob(path, recursive=True))):
             raise ValueError(f"--input={path}: --input takes files by name; a pattern is --dataset's "
                              f"(--dataset={shlex.quote(path)})")
         check_text_file(path, "--input=", instead=f"the text files in it (--input=a.txt,b.txt), or the "

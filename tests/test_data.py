@@ -773,6 +773,8 @@ def test_cli_errors(tmp_path, run_main):
             (["--input=texts/*.txt", "--out_dir=x"], "--input=texts/*.txt: --input takes files by name; a pattern "
                                                      "is --dataset's (--dataset='texts/*.txt')"),  # quoted: unexpanded
             (["--input=a[1].txt", "--out_dir=x"], "--input=a[1].txt: no such file"),  # a name, matching nothing
+            (["--input=t**/*.txt", "--out_dir=x"], "a pattern is --dataset's (--dataset='t**/*.txt')"),  # as it reads
+            (["--input=te*", "--out_dir=x"], "--input=te*: no such file"),  # matches a folder alone: no text there
             (["--input=a.txt,texts", "--out_dir=x", "--tokenizer=char"], directory),
             (["--input=a.txt,pipe", "--out_dir=x"], pipe),
             (["--input=a.txt,pipe", "--out_dir=x", "--tokenizer=char"], pipe),

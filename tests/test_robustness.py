@@ -1379,23 +1379,25 @@ def test_something_in_the_way_of_the_lock_is_one_line(tmp_path, blocker):
         checkpoint.lock_out_dir(str(tmp_path))
 
 
-def test_a_filesystem_without_locks_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
-    """exFAT, FAT and some network filesystems take no flock: "[Errno 37] No locks available" had named no file
-    and no fix, and left out_dir with an empty .lock behind."""
+@pytest.mark.parametrize("refusal", [errno.ENOLCK, errno.ENOSYS])
+def test_a_filesystem_without_locks_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, refusal):
+    """exFAT, FAT and some network filesystems take no flock (Lustre without -o flock: ENOSYS): "[Errno 37] No locks
+    available" had named no file and no fix, and left out_dir with an empty .lock behind."""
     import checkpoint
 
     def no_locks(fd, operation):
-        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        raise OSError(refusal, os.strerror(refusal))
 
     monkeypatch.setattr(checkpoint.fcntl, "flock", no_locks)
     out = tmp_path / "usb" / "out"
     refused = rf"^cannot lock out_dir='{out}', which keeps a second run out of it: its filesystem takes no locks " \
-              r"\(No locks available\); on a disk that takes them, "
-    with pytest.raises(ValueError, match=refused + "pick another --out_dir$"):
+              rf"\({os.strerror(refusal)}\); "
+    with pytest.raises(ValueError, match=refused + "pick an --out_dir on a disk that takes them$"):
         checkpoint.claim_out_dir(str(out), 1000)
     assert os.listdir(tmp_path) == [], "the folders made for the run went again"
     out.mkdir(parents=True)  # a resume there: another --out_dir holds no checkpoint, a copy of this one does
-    elsewhere = re.escape(f"copy it to a folder that can be written (cp -r {out} NEW)")
+    elsewhere = re.escape(f"copy it to a disk that takes them (cp -r {out} NEW) and resume there with --out_dir=NEW, "
+                          "or evaluate it where it is with --eval_only=true") + "$"
     with pytest.raises(ValueError, match=refused + elsewhere):
         checkpoint.claim_out_dir(str(out), 1000, resuming=True)
     assert os.listdir(out) == [], "no .lock left behind"
