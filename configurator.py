@@ -117,7 +117,7 @@ def check_types(config):
 def literal_choices(tp):
     """The choices of a Literal type, or of the Literal in an Optional one; () for any other type."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return next((literal_choices(a) for a in typing.get_args(tp) if literal_choices(a)), ())
+        return next(filter(None, map(literal_choices, typing.get_args(tp))), ())
     return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
 
 
@@ -374,8 +374,8 @@ def load_config(cls, argv):
 
 # what other training and sampling scripts (Hugging Face's, PyTorch's examples) call some of these settings:
 # --lr had been taken for a cut-short lr_decay_iters. Offered only where the class has the setting.
-OTHER_NAMES = {"lr": "learning_rate", "wd": "weight_decay", "steps": "max_iters",
-               "max_steps": "max_iters", "bs": "batch_size", "seq_len": "block_size", "context_length": "block_size",
+OTHER_NAMES = {"lr": "learning_rate", "wd": "weight_decay", "steps": "max_iters", "max_steps": "max_iters",
+               "bs": "batch_size", "seq_len": "block_size", "context_length": "block_size",
                "d_model": "n_embd", "hidden_size": "n_embd", "num_layers": "n_layer", "num_heads": "n_head",
                "warmup_steps": "warmup_iters", "max_grad_norm": "grad_clip", "output_dir": "out_dir",
                "temp": "temperature", "prompt": "start", "max_tokens": "max_new_tokens"}

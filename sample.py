@@ -86,7 +86,7 @@ class SampleConfig:
         if self.attention_map:
             folder, extension = os.path.dirname(self.attention_map) or ".", os.path.splitext(self.attention_map)[1]
             if extension.lower() not in PICTURE_FORMATS:  # (.html alone is a name with no extension)
-                if os.path.isdir(self.attention_map):  # a folder: name a file in it (one named attn.html, later)
+                if os.path.isdir(self.attention_map):  # check_writable's line: name a file in the folder
                     check_writable(self.attention_map, "attn.html")
                 raise ValueError(f"attention_map={self.attention_map!r}: the extension picks the format, one of "
                                  f"{', '.join(PICTURE_FORMATS)}")

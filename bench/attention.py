@@ -150,9 +150,10 @@ def single(cfg):
             method = "VmHWM after clear_refs"
         except OSError:
             method = "ru_maxrss - VmRSS (clear_refs not writable; may undercount)"
-        if not os.path.exists(PROC_STATUS):  # no /proc (macOS): the peak's growth, from the peak so far
+        has_proc = os.path.exists(PROC_STATUS)
+        if not has_proc:  # macOS: the peak's growth, from the peak so far
             method = "ru_maxrss growth (no /proc; counts only what passes the peak before the step)"
-        base_kb = proc_kb(PROC_STATUS, "VmRSS") if os.path.exists(PROC_STATUS) else max_rss_kb()
+        base_kb = proc_kb(PROC_STATUS, "VmRSS") if has_proc else max_rss_kb()
         start = time.perf_counter()
         step()
         seconds = time.perf_counter() - start
