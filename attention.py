@@ -87,6 +87,8 @@ def flash_attn_package(backend, q, dropout_p):
 
 def check_heads(n_embd, n_head):
     """ValueError unless n_head heads split the n_embd channels evenly (each head gets n_embd // n_head)."""
+    if n_head < 1:
+        raise ValueError(f"n_head must be at least 1, got {n_head}")
     if n_embd % n_head != 0:
         raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
 
@@ -188,6 +190,9 @@ class MultiHeadAttention(nn.Module):
             qk, v = self.heads(self.c_attn(x)).split([2 * nh, nh], dim=1)  # (B, 2nh, T, hs), (B, nh, T, hs)
             q, k = self.position_and_scale(qk, rotary).chunk(2, dim=1)  # (B, nh, T, hs) each
         else:  # queries from x; keys and values from the other sequence, with the same weights
+            if context.size(0) != B:
+                raise ValueError(f"context has {context.size(0)} rows and x {B}: each of x's rows attends to its own "
+                                 "row of context, so give them the same batch size")
             w_q, w_kv = self.c_attn.weight.split([C, 2 * C])  # (C, C), (2C, C)
             b_q, b_kv = self.c_attn.bias.split([C, 2 * C]) if self.c_attn.bias is not None else (None, None)
             k, v = self.heads(F.linear(context, w_kv, b_kv)).chunk(2, dim=1)  # (B, nh, Tk, hs) each

@@ -31,7 +31,7 @@ from data.prepare import meta_path, prepare_command
 from data.tokenizer import TokenizerUnavailable, tokenizer_from_meta
 from files import (NotSavedByTorch, atomic_write, clear_stale_temporaries, load_torch_file, remove_empty_directories,
                    same_folder, writable_directory)
-from model import GPT, WEIGHT_SETTINGS, GPTConfig
+from model import GPT, WEIGHT_SETTINGS, GPTConfig, check_overrides
 from optim import unread_by_schedule, unused_by_optimizer
 
 # what train.py writes into a checkpoint and needs back to resume, and what each field must be, so that a
@@ -146,7 +146,9 @@ def clean_state_dict(state_dict):
 
 def model_from_checkpoint(checkpoint, path, **overrides):
     """The GPT a loaded checkpoint holds, with `overrides` of settings that leave the weights as they
-    are (attention backend, dropout); ValueError naming `path` if it does not fit this code's model."""
+    are (RUNTIME_SETTINGS: attention backend, dropout); ValueError naming `path` if it does not fit this
+    code's model."""
+    check_overrides(overrides, "the checkpoint's")
     try:
         settings = {**checkpoint["model_config"], **overrides}
         known = {f.name for f in fields(GPTConfig)}

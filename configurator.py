@@ -105,13 +105,14 @@ def check_types(config):
     built in Python, which the parsing of --key=value and TOML (convert) never sees. The code branches on
     the choices' names, and an unknown one (a typo, a checkpoint of forked code) would quietly get another
     branch (TrainConfig(optimizer="sgd") an AdamW run). Other types are checked where they are used."""
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.type in TYPE_CHECKS and not TYPE_CHECKS[f.type](value):
-            raise ValueError(f"{f.name} must be {f.type.__name__}, got {value!r}")
-        choices = literal_choices(f.type)
-        if choices and value not in choices and not (value is None and allows_none(f.type)):
-            raise ValueError(f"unknown {f.name} {value!r}; choose one of {', '.join(map(str, choices))}")
+    hints = typing.get_type_hints(type(config))  # the types (`from __future__ import annotations` makes f.type a string)
+    for name in (f.name for f in dataclasses.fields(config)):
+        value, tp = getattr(config, name), hints[name]
+        if tp in TYPE_CHECKS and not TYPE_CHECKS[tp](value):
+            raise ValueError(f"{name} must be {tp.__name__}, got {value!r}")
+        choices = literal_choices(tp)
+        if choices and value not in choices and not (value is None and allows_none(tp)):
+            raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, choices))}")
 
 
 def literal_choices(tp):
@@ -250,7 +251,10 @@ def field_comments(cls):
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        source = textwrap.dedent(inspect.getsource(klass))  # a class defined inside a function is indented
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))  # a class defined inside a function is indented
+        except OSError:  # no source to read (made by make_dataclass, or typed at the prompt): no comments
+            continue
         lines = source.splitlines()
         on_line = {tok.start[0]: tok.string.lstrip("# ").strip()
                    for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
@@ -308,7 +312,8 @@ def help_text(cls, given=None, sources=()):
     hints, comments = typing.get_type_hints(cls), field_comments(cls)
     values = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
               for f in dataclasses.fields(cls)}  # as declared: __post_init__ may fill some from others
-    flags = {name: f"--{name}={as_typed(value)}" for name, value in {**values, **(given or {})}.items()}
+    flags = {name: f"--{name}=" + ("<required>" if value is dataclasses.MISSING else as_typed(value))
+             for name, value in {**values, **(given or {})}.items()}
     width = max(map(len, flags.values()))
     usage = getattr(cls, "USAGE", "[config.toml ...] [--key=value ...]\n"
                                   "A TOML file overrides the defaults below; --key=value overrides both.")
@@ -365,6 +370,9 @@ def load_config(cls, argv):
         check_key(key, names, "the command line")
         values[key] = convert(key, hints[key], raw, from_text=True)
         set_in.pop(key, None)
+    for f in dataclasses.fields(cls):
+        if f.name not in values and f.default is f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"--{f.name}=... is required: {cls.__name__} has no default for it")
     try:
         return cls(**values)
     except ValueError as e:  # the dataclass's own range checks, which may name a value the user did not type

@@ -77,6 +77,15 @@ RUNTIME_SETTINGS = ("dropout", "attention")
 WEIGHT_SETTINGS = tuple(f.name for f in fields(GPTConfig) if f.name not in RUNTIME_SETTINGS)
 
 
+def check_overrides(overrides, whose):
+    """ValueError unless every override is one of RUNTIME_SETTINGS: `whose` weights fix the others."""
+    fixed = sorted(set(overrides) - set(RUNTIME_SETTINGS))
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} cannot be overridden: {whose} weights fix {'them' if fixed[1:] else 'it'} "
+                         f"(only {' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call "
+                         "crop_block_size() after loading")
+
+
 def make_norm(config):
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd)
@@ -235,8 +244,7 @@ class GPT(nn.Module):
             raise ValueError(f"vocab_size must be a whole number from 1 to the model's {self.config.vocab_size}, "
                              f"or None for all, got {vocab_size}")
         B, T = idx.shape
-        if isinstance(generator, (list, tuple)) and len(generator) != B:
-            raise ValueError(f"{len(generator)} generators for {B} rows: give one per row, or one for them all")
+        check_generators(generator, B)
         if T == 0:
             raise ValueError("the prompt is empty: generation needs at least one token to condition on")
         block_size = self.config.block_size
@@ -274,11 +282,7 @@ class GPT(nn.Module):
         """GPT-2 weights in Hugging Face format: a local directory (config.json + model.safetensors
         or pytorch_model.bin, whole or sharded, as save_pretrained writes) or a hub name (gpt2, ...).
         `overrides` may set what leaves the weights' meaning as it is: RUNTIME_SETTINGS."""
-        fixed = sorted(set(overrides) - set(RUNTIME_SETTINGS))
-        if fixed:
-            raise ValueError(f"{', '.join(fixed)} cannot be overridden: GPT-2's weights fix them (only "
-                             f"{' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call "
-                             "crop_block_size() after loading")
+        check_overrides(overrides, "GPT-2's")
         directory = name_or_dir if os.path.isdir(name_or_dir) else download_from_hub(name_or_dir)
         config = replace(hf_config(directory), **overrides)
         sd_hf = load_hf_state_dict(directory)
@@ -319,6 +323,12 @@ def check_sampling(temperature, top_k, top_p, max_new_tokens=None):
         raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p}")
 
 
+def check_generators(generator, rows):
+    """ValueError unless generator is None, one torch.Generator, or a list of one per row."""
+    if isinstance(generator, (list, tuple)) and len(generator) != rows:
+        raise ValueError(f"{len(generator)} generators for {rows} rows: give one per row, or one for them all")
+
+
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Pick one token per row of logits (B, vocab): greedy at temperature 0, else sample from the
     softmax, keeping only the top_k most likely and/or the smallest set with probability >= top_p.
@@ -342,6 +352,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     # more per token on a CPU (and a host sync on a GPU).
     probs = F.softmax(logits, dim=-1)
     if isinstance(generator, (list, tuple)):
+        check_generators(generator, probs.size(0))  # zip would give the rows past the list no draws of their own
         race = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generator)])
     else:
         race = torch.empty_like(probs).exponential_(generator=generator)

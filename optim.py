@@ -3,7 +3,7 @@ How the weights learn: the optimizers (AdamW, and Muon for the blocks' matrices)
 learning-rate schedule that scales their rates, step by step.
 """
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -17,6 +17,8 @@ def configure_optimizers(model, optimizer, learning_rate, weight_decay, betas, m
     the blocks, AdamW for the rest. dtype is the training precision: Muon's Newton-Schulz
     matmuls run in bf16 where the step does (or on CUDA), else in fp32. Each group keeps its
     peak rate as "initial_lr", which set_lr scales."""
+    if optimizer not in get_args(Optimizer):
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(get_args(Optimizer))}")
     muon_params = [p for p in model.transformer.h.parameters() if p.dim() == 2] if optimizer == "muon" else []
     in_muon = {id(p) for p in muon_params}
     params = [p for p in model.parameters() if p.requires_grad and id(p) not in in_muon]
@@ -111,6 +113,10 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
                                       ns_dtype=ns_dtype))
+        not_matrix = next((p for group in self.param_groups for p in group["params"] if p.dim() != 2), None)
+        if not_matrix is not None:
+            raise ValueError(f"Muon takes matrices only, got a parameter of shape {tuple(not_matrix.shape)}: give "
+                             "vectors (biases, norms) and other shapes to AdamW")
         self.update, self.compiled = muon_update, False  # compile() swaps in a compiled update
 
     def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype

@@ -574,11 +574,17 @@ def _write_bpe(out_dir, train_docs, val_docs=None, train_total=None, val_total=N
     return _summary(out_dir, meta, n_train, n_val)
 
 
+def documents(texts):
+    """A list of documents from strings, or from one string (one document, not one per character)."""
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
 def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train", text_column="text",
                 val_split=None, cache_dir=None, val_texts=None):
     """GPT-2 BPE train.bin / val.bin and meta.json from exactly one source:
       files:   local UTF-8 text files, one document each;
-      texts:   strings, one document each (val_texts: validation's, else the last 10% of the tokens);
+      texts:   strings, one document each, or one string (val_texts: validation's, given so too, else the
+               last 10% of the tokens);
       dataset: a Hugging Face dataset (Hub name, or local file/dir/glob), column text_column of split.
     Documents are joined with <|endoftext|> (50256). Validation is val_split of the dataset if given,
     else the dataset's own "validation" split if it has one, else the last 10% of the tokens."""
@@ -588,9 +594,10 @@ def prepare_bpe(out_dir, *, files=None, texts=None, dataset=None, split="train",
         files = _existing_files(files)
         return _write_bpe(out_dir, (read_text_file(p, "--input=") for p in files), train_total=len(files))
     if texts is not None:
-        texts = [texts] if isinstance(texts, str) else list(texts)
+        texts = documents(texts)
         if val_texts is not None:
-            return _write_bpe(out_dir, texts, list(val_texts), train_total=len(texts), val_total=len(val_texts))
+            val_texts = documents(val_texts)
+            return _write_bpe(out_dir, texts, val_texts, train_total=len(texts), val_total=len(val_texts))
         return _write_bpe(out_dir, texts, train_total=len(texts))
     train_ds, val_ds = _dataset_splits(dataset, split, text_column, val_split, cache_dir)
     if val_ds is None:

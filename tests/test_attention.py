@@ -304,6 +304,20 @@ def test_cross_attention_refuses_a_kv_cache():
     assert cache.pos == 0, "refused before anything was appended"
 
 
+@pytest.mark.parametrize("context_batch", [1, 3])
+def test_cross_attention_refuses_a_context_of_another_batch(context_batch):
+    """Each row of x attends to its own row of context: a context of batch 1 for x's 2 rows was broadcast by
+    manual and sdpa and refused by flash ("No available kernel"), and batch 3 was a reshape's error."""
+    with pytest.raises(ValueError, match=f"^context has {context_batch} rows and x 2: each of x's rows attends to"):
+        make_mha("manual")(rand(2, 3, C), context=rand(context_batch, 5, C, seed=2))
+
+
+@pytest.mark.parametrize("n_head", [0, -3])
+def test_attention_refuses_fewer_than_one_head(n_head):
+    with pytest.raises(ValueError, match=f"^n_head must be at least 1, got {n_head}$"):
+        MultiHeadAttention(16, n_head)
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_non_causal_self_attention_sees_everything(backend):
     ref = make_mha("manual", causal=False)

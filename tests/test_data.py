@@ -356,6 +356,9 @@ def test_prepare_bpe_texts_with_their_own_validation(tmp_path):
     assert enc.decode(open_split(str(tmp_path / "b"), "val").tolist()) == "that is the question"
     assert enc.decode(open_split(str(tmp_path / "b"), "train").tolist()) == "to be or not to be\n" * 5
     assert info["val_tokens"] == len(enc.encode("that is the question"))
+    # one string is one document, for validation as for training (it had been one document per character)
+    prepare_bpe(str(tmp_path / "s"), texts="to be or not to be\n" * 5, val_texts="that is the question")
+    assert read_bytes(tmp_path / "s") == read_bytes(tmp_path / "b")
 
 
 def test_prepare_bpe_local_dataset(tmp_path, doc_files):

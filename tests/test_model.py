@@ -572,6 +572,16 @@ def test_from_pretrained_refuses_overrides_that_change_the_weights(hf_gpt2, over
         GPT.from_pretrained(directory, **override)
 
 
+def test_a_checkpoints_model_refuses_overrides_that_change_the_weights(tmp_path):
+    """model_from_checkpoint(..., n_layer=3) blamed the file ("damaged, or written by other code") for the
+    caller's override; only settings that leave the weights as they are may be given."""
+    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    checkpoint = {"model_config": asdict(model.config), "model": model.state_dict()}
+    assert model_from_checkpoint(checkpoint, "ckpt.pt", dropout=0.1).config.dropout == 0.1
+    with pytest.raises(ValueError, match="^n_layer cannot be overridden: the checkpoint's weights fix it"):
+        model_from_checkpoint(checkpoint, "ckpt.pt", n_layer=3)
+
+
 def test_from_pretrained_names_a_missing_config_field(hf_gpt2, tmp_path):
     directory, *_ = hf_gpt2
     cfg = json.load(open(f"{directory}/config.json"))
@@ -798,6 +808,12 @@ def test_a_tiny_temperature_is_greedy_not_nan():
         assert torch.equal(tiny, model.generate(prompt, 10, temperature=0))
 
 
+def test_sample_next_takes_one_generator_or_one_per_row():
+    """A list of one generator for three rows gave every row the same draws."""
+    with pytest.raises(ValueError, match="^1 generators for 3 rows: give one per row, or one for them all$"):
+        sample_next(torch.zeros(3, 50), 1.0, generator=[torch.Generator().manual_seed(1)])
+
+
 def test_sample_next_temperature_zero_is_greedy():
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next(logits, temperature=0), logits.argmax(-1, keepdim=True))
@@ -843,6 +859,21 @@ def test_script_configs_refuse_a_choice_they_do_not_have(script, setting, value)
     choices = ", ".join(get_args(next(f.type for f in fields(cls) if f.name == setting)))
     with pytest.raises(ValueError, match=f"^unknown {setting} '{value}'; choose one of {choices}$"):
         cls(**{setting: value})
+
+
+def test_a_config_in_a_module_with_postponed_annotations_is_checked_too(tmp_path, monkeypatch):
+    """`from __future__ import annotations` makes every field's type a string: check_types read the strings and
+    let a forker's Config(steps="x", mode="zzz") through."""
+    (tmp_path / "postponed.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
+        "from configurator import check_types\n\n\n@dataclass\nclass Config:\n    steps: int = 1\n"
+        "    mode: Literal['a', 'b'] = 'a'\n\n    def __post_init__(self):\n        check_types(self)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from postponed import Config
+    with pytest.raises(ValueError, match=r"^steps must be int, got 'x'$"):
+        Config(steps="x")
+    with pytest.raises(ValueError, match=r"^unknown mode 'zzz'; choose one of a, b$"):
+        Config(mode="zzz")
 
 
 def test_a_file_named_as_a_starting_point_is_not_taken_for_it(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 from train.py and attention maps from sample.py, checked for size and content, not pixels."""
 import json
 import math
+import re
 import time
 
 import matplotlib.image
@@ -92,6 +93,21 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     assert id(model.transformer.wte.weight) in in_adamw  # embeddings (tied to the head) stay with AdamW
     for optimizer in (adamw, muon):
         assert all(g["initial_lr"] == g["lr"] for g in optimizer.param_groups)
+
+
+def test_an_optimizer_name_is_one_of_the_choices():
+    """configure_optimizers(model, "Muon", ...) trained with AdamW alone: only "muon" took Muon's branch."""
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    with pytest.raises(ValueError, match="^unknown optimizer 'Muon'; choose one of adamw, muon$"):
+        configure_optimizers(model, "Muon", 1e-3, weight_decay=0.1, betas=(0.9, 0.99), muon_lr=0.02, device_type="cpu")
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 3, 3)])
+def test_muon_refuses_a_parameter_that_is_not_a_matrix(shape):
+    """Newton-Schulz orthogonalizes matrices: a vector was an IndexError at the first step, a 3-D weight an
+    error from inside expand(); torch.optim.Muon refuses them when built, and so does this one."""
+    with pytest.raises(ValueError, match=r"^Muon takes matrices only, got a parameter of shape " + re.escape(str(shape))):
+        Muon([torch.nn.Parameter(torch.ones(shape))])
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

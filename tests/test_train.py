@@ -2057,6 +2057,17 @@ def test_help_shows_each_setting_s_declared_default_not_one_filled_in_from_anoth
     assert "  --n_layer=none " in text and "  --temperature=none " in text, text
 
 
+def test_a_setting_without_a_default_is_required_and_help_says_so():
+    """A forker's config may declare a setting with no default: not given, it was a TypeError's traceback from the
+    dataclass, and --help showed `--data_path=<dataclasses._MISSING_TYPE object at 0x...>`."""
+    Run = make_dataclass("Run", [("data_path", str), ("steps", int, 5)])
+    with pytest.raises(ConfigError, match=r"^--data_path=\.\.\. is required: Run has no default for it$"):
+        load_config(Run, ["--steps=3"])
+    assert load_config(Run, ["--data_path=x"]) == Run("x", 5)
+    lines = help_text(Run).splitlines()  # a class with no source to read: no comments, and no error
+    assert [line.split() for line in lines[-2:]] == [["--data_path=<required>", "[str]"], ["--steps=5", "[int]"]], lines
+
+
 def test_config_file_that_cannot_be_read(tmp_path, TrainConfig, monkeypatch):
     import configurator
     path = toml(tmp_path, "n_layer = 2\n")
