@@ -81,9 +81,10 @@ def check_overrides(overrides, whose):
     """ValueError unless every override is one of RUNTIME_SETTINGS: `whose` weights fix the others."""
     fixed = sorted(set(overrides) - set(RUNTIME_SETTINGS))
     if fixed:
-        raise ValueError(f"{', '.join(fixed)} cannot be overridden: {whose} weights fix {'them' if fixed[1:] else 'it'} "
-                         f"(only {' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call "
-                         "crop_block_size() after loading")
+        them = "them" if len(fixed) > 1 else "it"
+        raise ValueError(f"{', '.join(fixed)} cannot be overridden: {whose} weights fix {them} (only "
+                         f"{' and '.join(RUNTIME_SETTINGS)} can be); for a shorter context call crop_block_size() "
+                         "after loading")
 
 
 def make_norm(config):
