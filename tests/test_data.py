@@ -1310,7 +1310,6 @@ def test_batch_offsets_reach_the_last_window_and_no_further():
     assert batches.load(offsets)[1].max() == 10
 
 
-
 def test_a_killed_preparation_leaves_no_lasting_temporary_files(tmp_path):
     """What a preparation that was killed (SIGKILL: an out-of-memory killer on a large corpus) had
     staged, maybe gigabytes, is cleared by the next preparation of that directory; a live one's is kept."""

@@ -2418,8 +2418,6 @@ def test_train_sets_the_threads_it_is_told(tmp_path, launch):
     assert f"| 3 threads{more} |" in proc.stdout, proc.stdout
 
 
-
-
 @pytest.mark.parametrize("threads, readings, warned_at", [
     # (tokens/s, CPUs used, CPUs' worth of waiting for a CPU) per window; None: the kernel does not say
     (2, [(1000, 1.9, 0.0), (1000, 2.0, 0.0), (980, 1.8, 0.01)], None),  # its threads busy, none kept waiting: quiet
