@@ -196,8 +196,19 @@ def read_text_file(path, flag):
     return text
 
 
+def starts_with(path, prefix):
+    """Whether the file at path begins with the bytes prefix."""
+    with open(path, "rb") as f:
+        return f.read(len(prefix)) == prefix
+
+
 class NotSavedByTorch(ValueError):
-    """A file that torch.save did not write: not a zip archive."""
+    """A file that torch.save did not write: not a zip archive, nor torch's format from before them."""
+
+
+# how torch.save began a file before torch 1.6 (and with _use_new_zipfile_serialization=False): a pickle of its
+# magic number (protocol 2, a 10-byte long), as older models' pytorch_model.bin on the Hugging Face hub were saved
+LEGACY_TORCH_SAVE = b"\x80\x02\x8a\x0a" + 0x1950a86a20f9469cfc6c.to_bytes(10, "little")
 
 
 def load_torch_file(path):
@@ -208,6 +219,8 @@ def load_torch_file(path):
     own errors (a damaged archive, pickled objects) pass through."""
     import torch  # here, not at the top: data/prepare.py writes through this module and starts without torch
     if not zipfile.is_zipfile(path):
+        if starts_with(path, LEGACY_TORCH_SAVE):  # no checksums in that format to check
+            return torch.load(path, map_location="cpu", weights_only=True)
         raise NotSavedByTorch("not a file torch.save wrote (a zip archive): truncated, or a file of another kind")
     with zipfile.ZipFile(path) as archive:  # torch.load checks no record's CRC-32: a tensor's flipped bytes would load
         try:

@@ -4,6 +4,7 @@ decoder-only Transformer, sampling with a KV cache, and loading of GPT-2 weights
 
 References: GPT-2 (Radford et al. 2019), karpathy/nanoGPT and minGPT, and Hugging Face's GPT-2.
 """
+import glob
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from attention import Backend, KVCache, MultiHeadAttention, check_heads, dropout
 from configurator import as_typed, check_at_least, check_types, first_line, whole_number
 from data.tokenizer import GPT2_VOCAB_SIZE
-from files import load_torch_file
+from files import load_torch_file, starts_with
 
 
 Positions = Literal["learned", "rope"]  # a learned table of positions, or rotary embeddings in attention
@@ -402,21 +403,27 @@ def check_init_from(name, own):
                      "a Hugging Face name (owner/model), a local directory")
 
 
+# the files of a model's weights, whole or in shards with their index, in the order they are looked for
+HUB_WEIGHTS = (("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"),
+               ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin"))
+
+
 def download_from_hub(name):
-    """Fetch config.json and model.safetensors of a Hugging Face model, the only weights taken from the
-    hub; a clear error offline, or for a model that has only pytorch_model.bin."""
+    """Fetch config.json and the weights of a Hugging Face model (or find them in its cache, offline):
+    model.safetensors, or where the model has none pytorch_model.bin (read with weights_only=True: no code in
+    it runs), as load_hf_state_dict reads them; a clear error offline, or for a model with neither."""
     from huggingface_hub import snapshot_download
-    try:
-        directory = snapshot_download(name, allow_patterns=["config.json", "model.safetensors"])
-    except Exception as e:
-        raise ValueError(f"could not get {name!r} from the Hugging Face hub ({type(e).__name__}); it is not a local "
-                         "directory either. Download it once with network, or pass a directory holding "
-                         "config.json and model.safetensors") from None
-    if not os.path.isfile(os.path.join(directory, "model.safetensors")):
-        raise ValueError(f"{name!r} on the Hugging Face hub has no model.safetensors, the only weights downloaded "
-                         "from there; download its config.json and pytorch_model.bin yourself into a directory "
-                         "and pass that directory instead of the name: a local pytorch_model.bin loads")
-    return directory
+    for weights in HUB_WEIGHTS:  # one kind of file only: many models hold the same weights in both
+        try:
+            directory = snapshot_download(name, allow_patterns=["config.json", *weights])
+        except Exception as e:
+            raise ValueError(f"could not get {name!r} from the Hugging Face hub ({type(e).__name__}); it is not a "
+                             "local directory either. Download it once with network, or pass a directory holding "
+                             "config.json and model.safetensors") from None
+        if any(glob.glob(os.path.join(glob.escape(directory), pattern)) for pattern in weights):
+            return directory
+    raise ValueError(f"{name!r} has neither model.safetensors nor pytorch_model.bin on the Hugging Face hub (or in "
+                     "its cache here, offline): it holds no GPT-2 weights this code reads")
 
 
 def hf_config(directory):
@@ -500,15 +507,22 @@ def load_hf_state_dict(directory):
                      "with an .index.json)")
 
 
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
 def read_weights(path, load):
     """load(path): named tensors; a ValueError naming the file if it cannot be read as such."""
     from safetensors import SafetensorError
     try:
-        tensors = load(path)
+        lfs_pointer = starts_with(path, GIT_LFS_POINTER)  # what a clone of a hub model without Git LFS holds
+        tensors = None if lfs_pointer else load(path)
     except (SafetensorError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, OSError, EOFError,
             ValueError) as e:
         raise ValueError(f"{path} cannot be read as weights ({first_line(e, with_type=True)}); "
                          "download the model again") from None
+    if lfs_pointer:
+        raise ValueError(f"{path} is a Git LFS pointer, not the weights: run `git lfs pull` in {os.path.dirname(path)} "
+                         "(with Git LFS installed), or download the file itself")
     if not isinstance(tensors, dict):
         raise ValueError(f"{path} holds a {type(tensors).__name__}, not named tensors; download the model again")
     name, value = next(((k, v) for k, v in tensors.items() if not isinstance(v, torch.Tensor)), (None, None))

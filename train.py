@@ -44,6 +44,7 @@ from configurator import (as_typed, check_at_least, check_folders_named, check_p
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
 from data.prepare import (SHAKESPEARE_CHAR_DIR, SPLITS, gpt2_data_dir, meta_path, prepare_command,
                           prepare_default_corpus, split_paths)
+from data.tokenizer import GPT2_VOCAB_SIZE
 from distributed import (AgreementSchedule, agree_on_stop, die_with_launcher, fail_alone, fail_together, gather,
                          leave_process_group, relaunch_command, stop_if_a_peer_is_gone)
 from hardware import (DType, autocast, check_threads, compile_failure, cpu_has_bf16, device_type_of, dtype_name,
@@ -228,7 +229,7 @@ def main(cfg):
                                           chosen_here=keepable_here(setup, checkpoint["config"]))
                 note = "\n".join(filter(None, [note, changed]))
             seed_everything(cfg.seed)
-            model = build_model(cfg, data.meta, checkpoint, setup)
+            model = build_model(cfg, data, checkpoint, setup)
             note = "\n".join(filter(None, [weights_note(cfg, data.meta, model, setup.device_type), note]))
             state = new_train_state(cfg, setup, model, data.train)
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
@@ -474,22 +475,34 @@ def as_run(cfg, setup, checkpoint):
                    data_dir=os.path.normpath(cfg.data_dir)), kept
 
 
-def build_model(cfg, meta, checkpoint, setup):
+def build_model(cfg, data, checkpoint, setup):
     """The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights (whose shape wins); ValueError
-    where its heads do not suit the attention backend on this device (a size only the weights may set)."""
+    where its heads do not suit the attention backend on this device (a size only the weights may set), or the
+    data holds tokens past the weights' vocabulary."""
     runtime = {k: getattr(cfg, k) for k in RUNTIME_SETTINGS}
     if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
         model = model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
     elif cfg.init_from == "scratch":
-        wanted = model_config(cfg, cfg.vocab_size or meta["vocab_size"])
+        wanted = model_config(cfg, cfg.vocab_size or data.meta["vocab_size"])
         check_model_fits(wanted, training=not cfg.eval_only)
         model = GPT(wanted)
     else:  # GPT-2's weights, cropped to block_size
         model = GPT.from_pretrained(cfg.init_from, **runtime)
         model.crop_block_size(cfg.block_size)
+        check_vocabulary(cfg, data, model.config.vocab_size)
     c = model.config
     check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg), c.n_embd // c.n_head)
     return model
+
+
+def check_vocabulary(cfg, data, vocab_size):
+    """ValueError where a split holds a token id past GPT-2's weights' vocabulary (a model of fewer tokens than
+    GPT-2's), as meta.json records the largest (older preparations do not: the first batch past it stops)."""
+    largest, split = max((record.get("largest_id", -1), split) for split, record in data.splits.items())
+    if largest >= vocab_size:
+        raise ValueError(f"{cfg.data_dir}/{split}.bin holds token id {largest}, past the {vocab_size} tokens of the "
+                         f"vocabulary of {cfg.init_from}'s weights: fine-tune weights of GPT-2's vocabulary "
+                         f"({GPT2_VOCAB_SIZE}), or give --data_dir data tokenised for these weights")
 
 
 def weights_note(cfg, meta, model, device_type):

@@ -490,10 +490,11 @@ def test_from_pretrained_hub_name_offline_fails_clearly(monkeypatch, tmp_path):
         GPT.from_pretrained("gpt2")
 
 
-def test_a_hub_model_with_only_pytorch_model_bin_says_to_pass_a_local_directory(hf_gpt2, tmp_path, monkeypatch):
-    """From the hub, only model.safetensors is fetched. A model that has only pytorch_model.bin (here a
-    stand-in repository, copied as snapshot_download copies, by its allow_patterns) gets an error that
-    says so and what to do: that the same files in a local directory load."""
+def test_a_hub_model_with_only_pytorch_model_bin_loads_from_it(hf_gpt2, tmp_path, monkeypatch):
+    """From the hub, model.safetensors is fetched where a model has it, else pytorch_model.bin (read with
+    weights_only=True). Only model.safetensors had been: a model with only pytorch_model.bin, or a cache offline
+    that held only that, was told that the hub lacked model.safetensors and to download the file by hand. Here
+    a stand-in repository, copied as snapshot_download copies, by its allow_patterns."""
     import fnmatch
 
     import huggingface_hub
@@ -510,11 +511,37 @@ def test_a_hub_model_with_only_pytorch_model_bin_says_to_pass_a_local_directory(
         return str(snapshot)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    with pytest.raises(ValueError, match="'someone/gpt2-bin' on the Hugging Face hub has no model.safetensors, the "
-                                         "only weights downloaded.*pass that directory"):
+    with torch.no_grad():
+        torch.testing.assert_close(GPT.from_pretrained("someone/gpt2-bin").eval()(idx)[0], expected, atol=1e-4, rtol=0)
+    assert sorted(f.name for f in snapshot.iterdir()) == ["config.json", "pytorch_model.bin"]
+    (repo / "pytorch_model.bin").unlink()
+    (snapshot / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match="^'someone/gpt2-bin' has neither model.safetensors nor pytorch_model.bin on "
+                                         "the Hugging Face hub"):
         GPT.from_pretrained("someone/gpt2-bin")
-    with torch.no_grad():  # as the message says: the same files, in a local directory, load
-        torch.testing.assert_close(GPT.from_pretrained(str(repo)).eval()(idx)[0], expected, atol=1e-4, rtol=0)
+
+
+def test_weights_in_torchs_format_from_before_its_zip_archives_load(hf_gpt2, tmp_path):
+    """torch.save before torch 1.6 (or with _use_new_zipfile_serialization=False) wrote no zip archive: older
+    hub models' pytorch_model.bin was refused as "not a file torch.save wrote ... download the model again"."""
+    directory, idx, expected, hf = hf_gpt2
+    shutil.copy(f"{directory}/config.json", tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    with torch.no_grad():
+        torch.testing.assert_close(GPT.from_pretrained(str(tmp_path)).eval()(idx)[0], expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
+def test_a_git_lfs_pointer_in_place_of_the_weights_says_to_fetch_them(hf_gpt2, tmp_path, name):
+    """A model cloned from the hub without Git LFS holds 130-byte pointers: "download the model again" led back to
+    the same clone."""
+    directory, *_ = hf_gpt2
+    shutil.copy(f"{directory}/config.json", tmp_path)
+    (tmp_path / name).write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "0" * 64 +
+                                 "\nsize 1234\n")
+    with pytest.raises(ValueError, match=f"^{tmp_path}/{name} is a Git LFS pointer, not the weights: run "
+                                         f"`git lfs pull` in {tmp_path}"):
+        GPT.from_pretrained(str(tmp_path))
 
 
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])

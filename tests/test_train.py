@@ -639,6 +639,26 @@ def test_a_resumed_runs_data_is_checked_against_its_own_block_size(tmp_path, cap
         "their defaults: block_size=8\n" in capsys.readouterr().out
 
 
+def test_weights_whose_vocabulary_the_data_overflows_are_refused_before_anything_is_written(tmp_path, launch):
+    """GPT-2's weights of 1000 tokens on data in GPT-2's 50257: the first batch had stopped the run (an empty
+    out_dir left) saying the data "changed since it was prepared", which preparing again could not mend."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from data.loader import load_meta
+    from data.prepare import prepare_bpe
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=1000)).save_pretrained(
+        tmp_path / "small-vocab")
+    prepare_bpe(str(tmp_path / "bpe"), texts=[TEXT])
+    largest = max(load_meta(str(tmp_path / "bpe"))["splits"][split]["largest_id"] for split in ("train", "val"))
+    proc = launch("train.py", f"--init_from={tmp_path / 'small-vocab'}", f"--data_dir={tmp_path / 'bpe'}",
+                  f"--out_dir={tmp_path / 'out'}", "--device=cpu", "--compile=false", "--block_size=16",
+                  "--max_iters=2")
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc
+    assert re.search(rf"holds token id {largest}, past the 1000 tokens of the vocabulary of {tmp_path}/small-vocab's "
+                     r"weights: fine-tune weights of GPT-2's vocabulary \(50257\)", proc.stderr), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_fine_tune_gpt2_weights_then_resume_and_sample(tmp_path, launch):
     """configs/finetune_gpt2_shakespeare.toml with init_from=<a Hugging Face GPT-2 directory>: the
     model's shape comes from the weights, not from the flags (a vocab_size too), and the run resumes from
