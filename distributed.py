@@ -6,6 +6,7 @@ what that one process says.
 """
 import ctypes
 import os
+import re
 import shlex
 import signal
 import socket
@@ -25,18 +26,38 @@ PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its paren
 AGREE_SECONDS = 1.0
 
 
-def fail_together(error, status=2, rank_0_checks=False):
+def fail_together(error, status=2, rank_0_checks=False, same=None):
     """fail() on every process of a torchrun job if any of them found an error (each says the first
     rank's words, and which rank and machine that was where not every rank found it: a file one
     machine lacks, say; not for a check that rank 0 alone makes, rank_0_checks), so that none is left
-    waiting for the others; a single process just fails. Exit status 2 for bad input, 1 for a fault."""
-    errors = gather(None if error is None else (str(error), socket.gethostname()))
-    found = [(rank, e) for rank, e in enumerate(errors) if e]
-    if not found:
-        return
-    rank, (message, host) = found[0]
-    where = "" if rank_0_checks or len(found) == len(errors) else f" (found by rank {rank}, on {host})"
-    fail(message + where, status=status)
+    waiting for the others; a single process just fails. Exit status 2 for bad input, 1 for a fault.
+    same: {what: as a line shows it} that every process must share (the run's settings, say); where
+    theirs differ, every process fails too, naming the first difference and where it is."""
+    reports = gather((None if error is None else str(error), socket.gethostname(), same))
+    found = [(rank, message, host) for rank, (message, host, _) in enumerate(reports) if message]
+    if found:
+        rank, message, host = found[0]
+        clean = next(((r, h) for r, (m, h, _) in enumerate(reports) if not m), None)  # a rank that found none
+        where = "" if rank_0_checks or clean is None else f" (found by rank {rank}, on {host})"
+        if where and clean[1] != host:  # a file one machine lacks, say: its remedy may be another machine's copy
+            where = where[:-1] + f"; not by rank {clean[0]}, on {clean[1]}: each machine reads its own files)"
+        fail(message + where, status=status)
+    differ = disagreement([shared for _, _, shared in reports], [host for _, host, _ in reports]) if same else ""
+    if differ:
+        fail(differ, status=status)
+
+
+def disagreement(shared, hosts):
+    """The first thing in which the processes' `shared` dicts differ, as a line that says what each has;
+    "" where they agree."""
+    for key, first in shared[0].items():
+        rank = next((rank for rank, theirs in enumerate(shared) if theirs.get(key) != first), None)
+        if rank is not None:
+            return (f"the processes of this torchrun job differ in {key}: {first} on rank 0 (on {hosts[0]}), "
+                    f"{shared[rank].get(key)} on rank {rank} (on {hosts[rank]}); give every machine the same command "
+                    "(with values where auto or 0 lets each machine choose), the same data and the same checkpoint "
+                    "(each machine reads its own copies)")
+    return ""
 
 
 def fail_alone(message, status=1):
@@ -100,7 +121,18 @@ def relaunch_command(args):
     torchrun, torchrun with its own options (read from its process, where Linux shows them)."""
     if not under_torchrun():
         return shlex.join([python_command(), os.path.relpath(sys.argv[0]), *args])
-    return shlex.join(["torchrun", *torchrun_options(), os.path.relpath(sys.argv[0]), *args])
+    options = torchrun_options()
+    return shlex.join(["torchrun", *options, os.path.relpath(sys.argv[0]), *args]) + machines_note(options)
+
+
+def machines_note(options):
+    """For torchrun's options that span several machines, a shell comment to follow the command: that
+    every machine runs it, each with its own --node_rank where the options give this one's."""
+    text = " ".join(options)
+    if re.search(r"--node[_-]rank\b", text):
+        return "  # on every machine, each with its own --node_rank"
+    nnodes = re.search(r"--nnodes[= ](\S+)", text)
+    return "  # on every machine" if nnodes and nnodes[1] != "1" else ""
 
 
 def torchrun_options():

@@ -111,6 +111,7 @@ class TrainConfig(GPTConfig):
     seed: int = 1337  # for the weights, the batches and dropout
 
     OWN_STARTS = ("scratch", "resume")  # init_from's starts of train.py's own; any other names GPT-2 weights
+    PER_MACHINE = ("device", "threads", "out_dir", "data_dir")  # under torchrun each machine's own: run_identity
 
     def __post_init__(self):
         check_types(self)  # TrainConfig(eval_only="false") would evaluate; batch_size=2.5 a TypeError deep in torch
@@ -242,7 +243,7 @@ def main(cfg):
                 claim_out_dir(cfg.out_dir, smallest_checkpoint(model), resuming=cfg.init_from == "resume")
         except (ValueError, OSError) as e:
             error = e
-        fail_together(error)  # under torchrun, every rank stops if any rank found bad input
+        fail_together(error, same=None if error else run_identity(cfg, data, state))  # all go on, or none
         if setup.master:
             print_start(cfg, state.iter_num, note)
         logger = TrainingLog(cfg, setup, model)
@@ -429,6 +430,20 @@ def check_data(cfg, data):
             raise ValueError(f"init_from={cfg.init_from!r} needs data tokenised with GPT-2's BPE, but {cfg.data_dir} "
                              f"holds {data.meta['tokenizer']} tokens; prepare such data with `{how}` and give "
                              f"--data_dir={as_typed(there)}")
+
+
+def run_identity(cfg, data, state):
+    """What every process of a torchrun job must share, as a line shows it (fail_together compares them): the
+    settings but those each machine has its own of (PER_MACHINE), the data's tokens wherever a machine keeps
+    them, and the checkpoint a resume starts from. Ranks that differed trained apart, hung, or failed later."""
+    shared = {f"--{name}": as_typed(value) for name, value in asdict(cfg).items() if name not in cfg.PER_MACHINE}
+    splits = [f"{split}.bin {record['tokens']:,} tokens" + (f" (crc32 {record['crc32']:08x})" if "crc32" in record
+                                                            else "") for split, record in data.splits.items()]
+    shared["the data"] = f"{data.meta['tokenizer']} tokens of a vocabulary of {data.meta['vocab_size']}: " + \
+        ", ".join(splits)
+    if cfg.init_from == "resume":
+        shared["the checkpoint"] = f"{ckpt_path(cfg.out_dir)} at iteration {state.iter_num} (run {state.run_id})"
+    return shared
 
 
 def load_resume_point(cfg):

@@ -198,25 +198,51 @@ def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
 
 def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(monkeypatch, capsys):
     """A resume on two machines where one lacks out_dir/ckpt.pt: every rank says which machine that is,
-    rather than the one that holds the file blaming itself. An error every rank found is said as it is."""
+    rather than the one that holds the file blaming itself, and which machine did not (where the remedy
+    may be its copy: "train one first" misled). An error every rank found is said as it is."""
     import socket
 
     import distributed
     found = ValueError("no checkpoint at out/ckpt.pt; train one first")
+    here = socket.gethostname()
+    fine, fine_here = (None, "b", None), (None, here, None)  # another rank's report: no error, on machine b or here
     for gathered, said in (
-            (lambda error: [None, error], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on "
-                                          f"{socket.gethostname()})"),
-            (lambda error: [error, error], "no checkpoint at out/ckpt.pt; train one first")):
+            (lambda mine: [fine_here, mine], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on "
+                                             f"{here})"),
+            (lambda mine: [fine, mine], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on {here}; "
+                                        "not by rank 0, on b: each machine reads its own files)"),
+            (lambda mine: [mine, mine], "no checkpoint at out/ckpt.pt; train one first")):
         monkeypatch.setattr(distributed, "gather", gathered)  # as torchrun's 2 ranks would have gathered them
         with pytest.raises(SystemExit) as exit:
             distributed.fail_together(found)
         assert exit.value.code == 2 and capsys.readouterr().err == f"error: {said}\n"
-    monkeypatch.setattr(distributed, "gather", lambda error: [error, None])  # a check rank 0 alone makes
+    monkeypatch.setattr(distributed, "gather", lambda mine: [mine, fine])  # a check rank 0 alone makes
     with pytest.raises(SystemExit):
         distributed.fail_together(ValueError("the loss became nan at iteration 3"), status=1, rank_0_checks=True)
     assert capsys.readouterr().err == "error: the loss became nan at iteration 3\n"  # not "found by rank 0"
-    monkeypatch.setattr(distributed, "gather", lambda error: [None, None])
+    monkeypatch.setattr(distributed, "gather", lambda mine: [fine, fine])
     distributed.fail_together(None)  # no rank found one: on it goes
+
+
+def test_ranks_that_do_not_share_what_they_must_say_the_first_difference_and_where(monkeypatch, capsys):
+    """fail_together(same=...): the ranks' settings, data and checkpoint, compared; the first that differs is said
+    with each side's value and machine, by every rank; where all agree, on it goes."""
+    import socket
+
+    import distributed
+    ours = {"--lr": "0.002", "the data": "char tokens: train.bin 900 tokens (crc32 0000abcd)",
+            "the checkpoint": "out/ckpt.pt at iteration 20 (run 1a2b3c4d)"}
+    for key, theirs in (("the data", "char tokens: train.bin 900 tokens (crc32 ffff0000)"),
+                        ("the checkpoint", "out/ckpt.pt at iteration 10 (run 5e6f7a8b)")):
+        monkeypatch.setattr(distributed, "gather", lambda mine: [mine, mine, (None, "b", {**ours, key: theirs})])
+        with pytest.raises(SystemExit) as exit:
+            distributed.fail_together(None, same=ours)
+        assert exit.value.code == 2 and capsys.readouterr().err.startswith(
+            f"error: the processes of this torchrun job differ in {key}: {ours[key]} on rank 0 (on "
+            f"{socket.gethostname()}), {theirs} on rank 2 (on b); give every machine the same command")
+    monkeypatch.setattr(distributed, "gather", lambda mine: [mine, (None, "b", dict(ours))])
+    distributed.fail_together(None, same=ours)
+    assert capsys.readouterr().err == ""
 
 
 def test_leaving_after_an_exit_frees_the_ddp_wrapper_before_the_group(monkeypatch):

@@ -19,6 +19,7 @@ import pickle
 import platform
 import queue
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -685,6 +686,27 @@ def test_a_local_rank_left_in_the_environment_does_not_silence_errors(monkeypatc
     assert capsys.readouterr().err == "error: bad input\n"
 
 
+@pytest.mark.parametrize("options, note", [
+    (["--nproc_per_node=2"], ""),
+    (["--nnodes=2", "--node_rank=0", "--master_addr=10.0.0.1", "--nproc_per_node=1"],
+     "  # on every machine, each with its own --node_rank"),
+    (["--nnodes", "2", "--node-rank", "0"], "  # on every machine, each with its own --node_rank"),
+    (["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29400"], "  # on every machine"),
+    (["--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29400"], "  # on every machine"),
+    (["--nnodes=1", "--nproc_per_node=2"], "")])
+def test_the_resume_command_of_a_job_on_several_machines_says_it_runs_on_each(monkeypatch, options, note):
+    """The command rank 0 prints copied its machine's --node_rank=0: run as printed on the others, each
+    waited as a second node 0 (or failed with EADDRINUSE). It says that every machine runs it, with its own
+    --node_rank where the launch gave one; a shell reads the note as a comment."""
+    import distributed
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [os.path.join(ROOT, "train.py"), "--init_from=resume"])
+    monkeypatch.setattr(distributed, "torchrun_options", lambda: options)
+    command = distributed.relaunch_command(["--init_from=resume"])
+    assert command == shlex.join(["torchrun", *options, "train.py", "--init_from=resume"]) + note, command
+
+
 def test_fail_and_the_resume_hint_take_torchrun_s_workers_by_the_sign_train_py_joins_a_group_on(monkeypatch, capsys):
     """RANK, which set_up reads: a launcher that gave RANK and LOCAL_RANK but not torchrun's other variables
     had train.py join a group while every worker printed each error line and the resume hint said
@@ -728,6 +750,31 @@ def step(state, *args, **kwargs):  # a bug that only rank 1 meets
 train.train_step = step
 train.main(train.config_from_argv(train.TrainConfig))
 """
+
+
+def test_ranks_started_with_different_settings_stop_with_one_line_before_training(tmp_path, data_dir):
+    """One machine's command said --eval_interval=5 where the other's said 100000: the ranks evaluated at
+    different iterations, each waiting in a collective the other never called, with no line at all; another
+    --learning_rate had trained them apart in silence. Every rank now stops with one line that says what
+    differs, before anything is written."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import os, runpy, sys\nsys.path.insert(0, {ROOT!r})\n"
+                      "if os.environ['RANK'] == '1':  # as another machine's command line would say\n"
+                      "    sys.argv.append('--eval_interval=5')\n"
+                      f"runpy.run_path({str(Path(ROOT, 'train.py'))!r}, run_name='__main__')\n")
+    proc, logs = torchrun_train(tmp_path, data_dir, "--max_iters=20", script=worker)
+    try:
+        proc.communicate(timeout=120)
+    finally:  # a hang (as before) must not outlive the test
+        proc.kill()
+        proc.wait()
+    said = [[line for line in log.splitlines() if line.strip()] for log in rank_logs(logs, "stderr")]
+    host = socket.gethostname()
+    assert proc.returncode != 0 and said[0] == [
+        f"error: the processes of this torchrun job differ in --eval_interval: 100000 on rank 0 (on {host}), 5 on "
+        f"rank 1 (on {host}); give every machine the same command (with values where auto or 0 lets each machine "
+        "choose), the same data and the same checkpoint (each machine reads its own copies)"] and said[1] == [], said
+    assert not (tmp_path / "out").exists()
 
 
 def test_when_a_rank_dies_of_a_fault_the_other_stops_at_once_with_one_line(tmp_path, data_dir):
