@@ -105,9 +105,12 @@ def check_types(config):
     built in Python, which the parsing of --key=value and TOML (convert) never sees. The code branches on
     the choices' names, and an unknown one (a typo, a checkpoint of forked code) would quietly get another
     branch (TrainConfig(optimizer="sgd") an AdamW run). Other types are checked where they are used."""
-    hints = typing.get_type_hints(type(config))  # f.type is a string under `from __future__ import annotations`
+    try:  # f.type is a string under `from __future__ import annotations`
+        hints = typing.get_type_hints(type(config))
+    except NameError:  # a type named where the class was made (inside a function), gone since: left unchecked
+        hints = {}
     for name in (f.name for f in dataclasses.fields(config)):
-        value, tp = getattr(config, name), hints[name]
+        value, tp = getattr(config, name), hints.get(name)
         if tp in TYPE_CHECKS and not TYPE_CHECKS[tp](value):
             raise ValueError(f"{name} must be {tp.__name__}, got {value!r}")
         choices = literal_choices(tp)

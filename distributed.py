@@ -37,10 +37,7 @@ def fail_together(error, status=2, rank_0_checks=False, same=None):
     found = [(rank, message, host) for rank, (message, host, _) in enumerate(reports) if message]
     if found:
         rank, message, host = found[0]
-        clean = next(((r, h) for r, (m, h, _) in enumerate(reports) if not m), None)  # a rank that found none
-        where = "" if rank_0_checks or clean is None else f" (found by rank {rank}, on {host})"
-        if where and clean[1] != host:  # a file one machine lacks, say: its remedy may be another machine's copy
-            where = where[:-1] + f"; not by rank {clean[0]}, on {clean[1]}: each machine reads its own files)"
+        where = "" if rank_0_checks or len(found) == len(reports) else f" (found by rank {rank}, on {host})"
         fail(message + where, status=status)
     differ = disagreement([shared for _, _, shared in reports], [host for _, host, _ in reports]) if same else ""
     if differ:
@@ -129,10 +126,10 @@ def machines_note(options):
     """For torchrun's options that span several machines, a shell comment to follow the command: that
     every machine runs it, each with its own --node_rank where the options give this one's."""
     text = " ".join(options)
-    if re.search(r"--node[_-]rank\b", text):
-        return "  # on every machine, each with its own --node_rank"
-    nnodes = re.search(r"--nnodes[= ](\S+)", text)
-    return "  # on every machine" if nnodes and nnodes[1] != "1" else ""
+    nnodes = re.search(r"--nnodes[= ](\S+)", text)  # N, or MIN:MAX machines; 1 where not given
+    if not nnodes or nnodes[1] in ("1", "1:1"):
+        return ""
+    return "  # on every machine" + ", each with its own --node_rank" * bool(re.search(r"--node[_-]rank\b", text))
 
 
 def torchrun_options():

@@ -113,11 +113,16 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, ns_steps=5, ns_dtype=torch.bfloat16):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
                                       ns_dtype=ns_dtype))
-        not_matrix = next((p for group in self.param_groups for p in group["params"] if p.dim() != 2), None)
+        self.update, self.compiled = muon_update, False  # compile() swaps in a compiled update
+
+    def add_param_group(self, param_group):  # torch.optim.Optimizer.__init__ adds its groups here too
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        not_matrix = next((p for p in params if p.dim() != 2), None)
         if not_matrix is not None:
             raise ValueError(f"Muon takes matrices only, got a parameter of shape {tuple(not_matrix.shape)}: give "
                              "vectors (biases, norms) and other shapes to AdamW")
-        self.update, self.compiled = muon_update, False  # compile() swaps in a compiled update
+        super().add_param_group({**param_group, "params": params})
 
     def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
         super().__setstate__(state)

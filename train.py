@@ -111,7 +111,8 @@ class TrainConfig(GPTConfig):
     seed: int = 1337  # for the weights, the batches and dropout
 
     OWN_STARTS = ("scratch", "resume")  # init_from's starts of train.py's own; any other names GPT-2 weights
-    PER_MACHINE = ("device", "threads", "out_dir", "data_dir")  # under torchrun each machine's own: run_identity
+    # under torchrun, each machine's own: its device and threads, and paths, whose contents run_identity compares
+    PER_MACHINE = ("device", "threads", "out_dir", "data_dir", "init_from")
 
     def __post_init__(self):
         check_types(self)  # TrainConfig(eval_only="false") would evaluate; batch_size=2.5 a TypeError deep in torch
@@ -220,7 +221,7 @@ def main(cfg):
             stop.watch()
             setup = set_up(cfg)
             data = load_data(cfg, setup)
-            checkpoint = load_resume_point(cfg)
+            checkpoint = load_resume_point(cfg, setup)
             cfg, note = as_run(cfg, setup, checkpoint)  # what the checkpoint and the log record, and a resume compares
             check_data(cfg, data)
             note = "\n".join(filter(None, [note, schedule_note(cfg), unread_note(cfg, setup.distributed)]))
@@ -434,26 +435,35 @@ def check_data(cfg, data):
 
 def run_identity(cfg, data, state):
     """What every process of a torchrun job must share, as a line shows it (fail_together compares them): the
-    settings but those each machine has its own of (PER_MACHINE), the data's tokens wherever a machine keeps
-    them, and the checkpoint a resume starts from. Ranks that differed trained apart, hung, or failed later."""
+    settings but those each machine has its own of (PER_MACHINE), the data's tokens, the model's shape (GPT-2's
+    weights set it) and the checkpoint a resume starts from, wherever a machine keeps them. Ranks that differed
+    trained apart, hung, or failed later."""
     shared = {f"--{name}": as_typed(value) for name, value in asdict(cfg).items() if name not in cfg.PER_MACHINE}
     splits = [f"{split}.bin {record['tokens']:,} tokens" + (f" (crc32 {record['crc32']:08x})" if "crc32" in record
                                                             else "") for split, record in data.splits.items()]
     shared["the data"] = f"{data.meta['tokenizer']} tokens of a vocabulary of {data.meta['vocab_size']}: " + \
         ", ".join(splits)
-    if cfg.init_from == "resume":
-        shared["the checkpoint"] = f"{ckpt_path(cfg.out_dir)} at iteration {state.iter_num} (run {state.run_id})"
+    shared["the model"] = ", ".join(f"{name}={as_typed(getattr(state.model.config, name))}" for name in WEIGHT_SETTINGS)
+    shared["the checkpoint"] = (f"ckpt.pt at iteration {state.iter_num} of run {state.run_id}"
+                                if cfg.init_from == "resume" else "none (a new run)")
     return shared
 
 
-def load_resume_point(cfg):
+def load_resume_point(cfg, setup):
     """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads; else None,
-    once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read)."""
-    if not cfg.eval_only:
-        check_out_dir(cfg.out_dir, resuming=cfg.init_from == "resume", overwrite=cfg.overwrite, data_dir=cfg.data_dir)
-    if cfg.init_from != "resume":
+    once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read:
+    rank 0's out_dir, the one it writes)."""
+    resuming = cfg.init_from == "resume"
+    if not cfg.eval_only and (resuming or setup.master):
+        check_out_dir(cfg.out_dir, resuming=resuming, overwrite=cfg.overwrite, data_dir=cfg.data_dir)
+    if not resuming:
         return None
-    checkpoint = load_checkpoint(ckpt_path(cfg.out_dir))
+    path = ckpt_path(cfg.out_dir)
+    if setup.world_size > processes_on_this_machine() and not os.path.exists(path):  # torchrun on several machines
+        raise ValueError(f"no checkpoint at {path} on this machine: each machine reads out_dir from its own disk; "
+                         "copy out_dir from the machine that holds it to the same path here (or keep out_dir on a "
+                         "shared filesystem), or train one first")
+    checkpoint = load_checkpoint(path)
     check_resume_fields(checkpoint, ckpt_path(cfg.out_dir))
     return checkpoint
 

@@ -6,6 +6,7 @@ import collections
 import os
 import re
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -198,19 +199,15 @@ def test_ranks_agree_about_every_agree_seconds_and_at_the_end_of_max_seconds():
 
 def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(monkeypatch, capsys):
     """A resume on two machines where one lacks out_dir/ckpt.pt: every rank says which machine that is,
-    rather than the one that holds the file blaming itself, and which machine did not (where the remedy
-    may be its copy: "train one first" misled). An error every rank found is said as it is."""
+    rather than the one that holds the file blaming itself. An error every rank found is said as it is."""
     import socket
 
     import distributed
     found = ValueError("no checkpoint at out/ckpt.pt; train one first")
-    here = socket.gethostname()
-    fine, fine_here = (None, "b", None), (None, here, None)  # another rank's report: no error, on machine b or here
+    fine = (None, "b", None)  # another rank's report: no error, on machine b
     for gathered, said in (
-            (lambda mine: [fine_here, mine], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on "
-                                             f"{here})"),
-            (lambda mine: [fine, mine], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on {here}; "
-                                        "not by rank 0, on b: each machine reads its own files)"),
+            (lambda mine: [fine, mine], f"no checkpoint at out/ckpt.pt; train one first (found by rank 1, on "
+                                        f"{socket.gethostname()})"),
             (lambda mine: [mine, mine], "no checkpoint at out/ckpt.pt; train one first")):
         monkeypatch.setattr(distributed, "gather", gathered)  # as torchrun's 2 ranks would have gathered them
         with pytest.raises(SystemExit) as exit:
@@ -222,6 +219,58 @@ def test_an_error_that_not_every_rank_found_names_the_rank_and_machine_that_did(
     assert capsys.readouterr().err == "error: the loss became nan at iteration 3\n"  # not "found by rank 0"
     monkeypatch.setattr(distributed, "gather", lambda mine: [fine, fine])
     distributed.fail_together(None)  # no rank found one: on it goes
+
+
+def two_machines(rank):
+    """train.Setup of a rank of a torchrun job on two machines, one process on each (LOCAL_WORLD_SIZE=1)."""
+    import train
+    return train.Setup(rank, 0, 2, distributed=True, fsdp=False, accumulation_steps=2, device="cpu",
+                       dtype=torch.float32)
+
+
+def test_what_ranks_must_share_leaves_out_each_machines_own_paths_device_and_threads(tmp_path):
+    """run_identity, which every rank compares: a copy of out_dir, the data or GPT-2's weights at another path
+    on another machine is the same run (the checkpoint was named by its path, and a resume from an identical
+    copy was refused); a setting that changes the training, the data's tokens, the model's shape or the
+    checkpoint's iteration are not."""
+    from types import SimpleNamespace
+
+    import train
+    cfg = train.TrainConfig(init_from="resume", device="cpu", dtype="float32", n_embd=16, n_head=2)
+    data = SimpleNamespace(meta={"tokenizer": "char", "vocab_size": 65},
+                           splits={"train": {"tokens": 900, "crc32": 0xabcd}, "val": {"tokens": 100, "crc32": 0x1234}})
+    state = SimpleNamespace(model=GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=16)), iter_num=20,
+                            run_id="1a2b3c4d")
+    ours = train.run_identity(cfg, data, state)
+    for name, value in (("out_dir", "elsewhere/out"), ("data_dir", "elsewhere/data"), ("init_from", "resume"),
+                        ("device", "cuda:1"), ("threads", 3)):
+        assert train.run_identity(replace(cfg, **{name: value}), data, state) == ours, name
+    assert train.run_identity(replace(cfg, learning_rate=1e-2), data, state)["--learning_rate"] == "0.01"
+    other_data = SimpleNamespace(meta=data.meta, splits={**data.splits, "val": {"tokens": 100, "crc32": 0x4321}})
+    assert train.run_identity(cfg, other_data, state)["the data"] != ours["the data"]
+    wider = SimpleNamespace(**{**vars(state), "model": GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32))})
+    assert train.run_identity(cfg, data, wider)["the model"] != ours["the model"]
+    earlier = SimpleNamespace(**{**vars(state), "iter_num": 10})
+    assert train.run_identity(cfg, data, earlier)["the checkpoint"] == "ckpt.pt at iteration 10 of run 1a2b3c4d"
+    assert train.run_identity(replace(cfg, init_from="scratch"), data, state)["the checkpoint"] == "none (a new run)"
+
+
+def test_a_resume_on_a_machine_without_the_checkpoint_says_to_copy_it_there(tmp_path, monkeypatch):
+    """Each machine of a torchrun job reads out_dir from its own disk: the one that lacks the checkpoint was told
+    to "train one first" (its peer held it). A new run checks rank 0's out_dir alone, the one it writes: a stale
+    checkpoint on another machine's disk had stopped it ("continue it with --init_from=resume")."""
+    import train
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    cfg = train.TrainConfig(init_from="resume", out_dir=str(tmp_path / "out"))
+    with pytest.raises(ValueError, match=f"^no checkpoint at {tmp_path}/out/ckpt.pt on this machine: each machine "
+                                         "reads out_dir from its own disk; copy out_dir from the machine that holds "
+                                         "it to the same path here"):
+        train.load_resume_point(cfg, two_machines(1))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "ckpt.pt").write_bytes(b"an earlier run's")
+    assert train.load_resume_point(replace(cfg, init_from="scratch"), two_machines(1)) is None
+    with pytest.raises(ValueError, match="holds a trained run"):
+        train.load_resume_point(replace(cfg, init_from="scratch"), two_machines(0))
 
 
 def test_ranks_that_do_not_share_what_they_must_say_the_first_difference_and_where(monkeypatch, capsys):

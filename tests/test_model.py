@@ -901,6 +901,14 @@ def test_a_config_in_a_module_with_postponed_annotations_is_checked_too(tmp_path
         Config(steps="x")
     with pytest.raises(ValueError, match=r"^unknown mode 'zzz'; choose one of a, b$"):
         Config(mode="zzz")
+    # a type named inside the function that made the class cannot be read back: unchecked, as before, not a NameError
+    (tmp_path / "local_alias.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
+        "from configurator import check_types\n\n\ndef make():\n    Mode = Literal['a', 'b']\n\n    @dataclass\n"
+        "    class Config:\n        mode: Mode = 'a'\n\n        def __post_init__(self):\n"
+        "            check_types(self)\n    return Config\n")
+    from local_alias import make
+    assert make()(mode="b").mode == "b"
 
 
 def test_a_file_named_as_a_starting_point_is_not_taken_for_it(tmp_path, monkeypatch):

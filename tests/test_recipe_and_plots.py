@@ -108,6 +108,10 @@ def test_muon_refuses_a_parameter_that_is_not_a_matrix(shape):
     error from inside expand(); torch.optim.Muon refuses them when built, and so does this one."""
     with pytest.raises(ValueError, match=re.escape(f"Muon takes matrices only, got a parameter of shape {shape}")):
         Muon([torch.nn.Parameter(torch.ones(shape))])
+    muon = Muon([torch.nn.Parameter(torch.ones(3, 3))])
+    with pytest.raises(ValueError, match=re.escape(f"Muon takes matrices only, got a parameter of shape {shape}")):
+        muon.add_param_group({"params": [torch.nn.Parameter(torch.ones(shape))]})
+    assert len(muon.param_groups) == 1
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

@@ -693,7 +693,9 @@ def test_a_local_rank_left_in_the_environment_does_not_silence_errors(monkeypatc
     (["--nnodes", "2", "--node-rank", "0"], "  # on every machine, each with its own --node_rank"),
     (["--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29400"], "  # on every machine"),
     (["--nnodes=1:4", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29400"], "  # on every machine"),
-    (["--nnodes=1", "--nproc_per_node=2"], "")])
+    (["--nnodes=1", "--nproc_per_node=2"], ""),
+    (["--nnodes=1", "--node_rank=0", "--nproc_per_node=2"], ""),  # a launch template's, on one machine
+    (["--nnodes=1:1", "--nproc_per_node=2"], "")])
 def test_the_resume_command_of_a_job_on_several_machines_says_it_runs_on_each(monkeypatch, options, note):
     """The command rank 0 prints copied its machine's --node_rank=0: run as printed on the others, each
     waited as a second node 0 (or failed with EADDRINUSE). It says that every machine runs it, with its own
