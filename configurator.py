@@ -105,10 +105,7 @@ def check_types(config):
     built in Python, which the parsing of --key=value and TOML (convert) never sees. The code branches on
     the choices' names, and an unknown one (a typo, a checkpoint of forked code) would quietly get another
     branch (TrainConfig(optimizer="sgd") an AdamW run). Other types are checked where they are used."""
-    try:  # f.type is a string under `from __future__ import annotations`
-        hints = typing.get_type_hints(type(config))
-    except NameError:  # a type named where the class was made (inside a function), gone since: left unchecked
-        hints = {}
+    hints = field_types(type(config))
     for name in (f.name for f in dataclasses.fields(config)):
         value, tp = getattr(config, name), hints.get(name)
         if tp in TYPE_CHECKS and not TYPE_CHECKS[tp](value):
@@ -116,6 +113,19 @@ def check_types(config):
         choices = literal_choices(tp)
         if choices and value not in choices and not (value is None and allows_none(tp)):
             raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, choices))}")
+
+
+def field_types(cls):
+    """{field: its type} for a dataclass and those it extends, where the types can be read: under `from __future__
+    import annotations` they are strings, and a class's that name what is gone since (a type made inside the
+    function that made the class) are left out, its bases' kept."""
+    types = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            types.update(inspect.get_annotations(klass, eval_str=True))
+        except NameError:
+            types.update({k: v for k, v in inspect.get_annotations(klass).items() if not isinstance(v, str)})
+    return types
 
 
 def literal_choices(tp):

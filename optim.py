@@ -116,13 +116,12 @@ class Muon(torch.optim.Optimizer):
         self.update, self.compiled = muon_update, False  # compile() swaps in a compiled update
 
     def add_param_group(self, param_group):  # torch.optim.Optimizer.__init__ adds its groups here too
-        params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        not_matrix = next((p for p in params if p.dim() != 2), None)
+        super().add_param_group(param_group)  # torch's own checks first: tensors, in a list
+        not_matrix = next((p for p in self.param_groups[-1]["params"] if p.dim() != 2), None)
         if not_matrix is not None:
+            self.param_groups.pop()
             raise ValueError(f"Muon takes matrices only, got a parameter of shape {tuple(not_matrix.shape)}: give "
                              "vectors (biases, norms) and other shapes to AdamW")
-        super().add_param_group({**param_group, "params": params})
 
     def __setstate__(self, state):  # load_state_dict comes here: a torch.optim.Muon state has no ns_dtype
         super().__setstate__(state)

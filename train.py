@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import time
+import zlib
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Literal, get_args, get_type_hints
 
@@ -231,7 +232,7 @@ def main(cfg):
                                           chosen_here=keepable_here(setup, checkpoint["config"]))
                 note = "\n".join(filter(None, [note, changed]))
             seed_everything(cfg.seed)
-            model = build_model(cfg, data, checkpoint, setup)
+            model, start = build_model(cfg, data, checkpoint, setup)
             note = "\n".join(filter(None, [weights_note(cfg, data.meta, model, setup.device_type), note]))
             state = new_train_state(cfg, setup, model, data.train)
             if setup.distributed:  # dropout: every rank its own masks (the weights were drawn alike)
@@ -244,7 +245,7 @@ def main(cfg):
                 claim_out_dir(cfg.out_dir, smallest_checkpoint(model), resuming=cfg.init_from == "resume")
         except (ValueError, OSError) as e:
             error = e
-        fail_together(error, same=None if error else run_identity(cfg, data, state))  # all go on, or none
+        fail_together(error, same=None if error else run_identity(cfg, data, state, start))  # all go on, or none
         if setup.master:
             print_start(cfg, state.iter_num, note)
         logger = TrainingLog(cfg, setup, model)
@@ -433,33 +434,32 @@ def check_data(cfg, data):
                              f"--data_dir={as_typed(there)}")
 
 
-def run_identity(cfg, data, state):
+def run_identity(cfg, data, state, start):
     """What every process of a torchrun job must share, as a line shows it (fail_together compares them): the
     settings but those each machine has its own of (PER_MACHINE), the data's tokens, the model's shape (GPT-2's
-    weights set it) and the checkpoint a resume starts from, wherever a machine keeps them. Ranks that differed
-    trained apart, hung, or failed later."""
+    weights set it) and the weights it starts from (build_model's start), wherever a machine keeps them. Ranks
+    that differed trained apart, hung, or failed later."""
     shared = {f"--{name}": as_typed(value) for name, value in asdict(cfg).items() if name not in cfg.PER_MACHINE}
     splits = [f"{split}.bin {record['tokens']:,} tokens" + (f" (crc32 {record['crc32']:08x})" if "crc32" in record
                                                             else "") for split, record in data.splits.items()]
     shared["the data"] = f"{data.meta['tokenizer']} tokens of a vocabulary of {data.meta['vocab_size']}: " + \
         ", ".join(splits)
     shared["the model"] = ", ".join(f"{name}={as_typed(getattr(state.model.config, name))}" for name in WEIGHT_SETTINGS)
-    shared["the checkpoint"] = (f"ckpt.pt at iteration {state.iter_num} of run {state.run_id}"
-                                if cfg.init_from == "resume" else "none (a new run)")
+    shared["the weights"] = start
     return shared
 
 
 def load_resume_point(cfg, setup):
     """With init_from=resume, out_dir's checkpoint, checked to hold every field a resume reads; else None,
-    once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read:
-    rank 0's out_dir, the one it writes)."""
-    resuming = cfg.init_from == "resume"
-    if not cfg.eval_only and (resuming or setup.master):
+    once out_dir is known to hold no trained run this one would write over (before GPT-2's weights are read;
+    on several machines, rank 0's out_dir, the one it writes: another's disk may hold an older run's there)."""
+    resuming, several_machines = cfg.init_from == "resume", setup.world_size > processes_on_this_machine()
+    if not cfg.eval_only and (resuming or setup.master or not several_machines):
         check_out_dir(cfg.out_dir, resuming=resuming, overwrite=cfg.overwrite, data_dir=cfg.data_dir)
     if not resuming:
         return None
     path = ckpt_path(cfg.out_dir)
-    if setup.world_size > processes_on_this_machine() and not os.path.exists(path):  # torchrun on several machines
+    if several_machines and not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path} on this machine: each machine reads out_dir from its own disk; "
                          "copy out_dir from the machine that holds it to the same path here (or keep out_dir on a "
                          "shared filesystem), or train one first")
@@ -501,23 +501,34 @@ def as_run(cfg, setup, checkpoint):
 
 
 def build_model(cfg, data, checkpoint, setup):
-    """The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights (whose shape wins); ValueError
-    where its heads do not suit the attention backend on this device (a size only the weights may set), or the
-    data holds tokens past the weights' vocabulary."""
+    """(The GPT to train: from the checkpoint, new from cfg, or GPT-2's weights, whose shape wins; what its
+    weights start from, as a line shows it, for run_identity); ValueError where its heads do not suit the
+    attention backend on this device (a size only the weights may set), or the data holds tokens past the
+    weights' vocabulary."""
     runtime = {k: getattr(cfg, k) for k in RUNTIME_SETTINGS}
     if checkpoint is not None:  # weights go in before sharding: every rank reads the whole file
         model = model_from_checkpoint(checkpoint, ckpt_path(cfg.out_dir), **runtime)
+        start = f"ckpt.pt at iteration {checkpoint['iter_num']} of run {checkpoint.get('run_id')}"
     elif cfg.init_from == "scratch":
         wanted = model_config(cfg, cfg.vocab_size or data.meta["vocab_size"])
         check_model_fits(wanted, training=not cfg.eval_only)
-        model = GPT(wanted)
+        model, start = GPT(wanted), "new ones, drawn from --seed"
     else:  # GPT-2's weights, cropped to block_size
         model = GPT.from_pretrained(cfg.init_from, **runtime)
         model.crop_block_size(cfg.block_size)
         check_vocabulary(cfg, data, model.config.vocab_size)
+        start = f"GPT-2 weights of crc32 {weights_crc32(model):08x}"  # each machine may keep them at its own path
     c = model.config
     check_backend(cfg.attention, setup.device_type, setup.dtype, training_dropout(cfg), c.n_embd // c.n_head)
-    return model
+    return model, start
+
+
+def weights_crc32(model):
+    """The CRC-32 of every byte of the model's weights (GPT-2 124M's: a fifth of a second on a CPU)."""
+    crc = 0
+    for tensor in model.state_dict().values():
+        crc = zlib.crc32(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy(), crc)
+    return crc
 
 
 def check_vocabulary(cfg, data, vocab_size):

@@ -5,8 +5,9 @@ batches."""
 import collections
 import os
 import re
+import shutil
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -232,7 +233,7 @@ def test_what_ranks_must_share_leaves_out_each_machines_own_paths_device_and_thr
     """run_identity, which every rank compares: a copy of out_dir, the data or GPT-2's weights at another path
     on another machine is the same run (the checkpoint was named by its path, and a resume from an identical
     copy was refused); a setting that changes the training, the data's tokens, the model's shape or the
-    checkpoint's iteration are not."""
+    weights it starts from are not."""
     from types import SimpleNamespace
 
     import train
@@ -241,18 +242,45 @@ def test_what_ranks_must_share_leaves_out_each_machines_own_paths_device_and_thr
                            splits={"train": {"tokens": 900, "crc32": 0xabcd}, "val": {"tokens": 100, "crc32": 0x1234}})
     state = SimpleNamespace(model=GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=16)), iter_num=20,
                             run_id="1a2b3c4d")
-    ours = train.run_identity(cfg, data, state)
-    for name, value in (("out_dir", "elsewhere/out"), ("data_dir", "elsewhere/data"), ("init_from", "resume"),
+    start = "ckpt.pt at iteration 20 of run 1a2b3c4d"
+    ours = train.run_identity(cfg, data, state, start)
+    for name, value in (("out_dir", "elsewhere/out"), ("data_dir", "elsewhere/data"), ("init_from", "elsewhere/gpt2"),
                         ("device", "cuda:1"), ("threads", 3)):
-        assert train.run_identity(replace(cfg, **{name: value}), data, state) == ours, name
-    assert train.run_identity(replace(cfg, learning_rate=1e-2), data, state)["--learning_rate"] == "0.01"
+        assert train.run_identity(replace(cfg, **{name: value}), data, state, start) == ours, name
+    assert train.run_identity(replace(cfg, learning_rate=1e-2), data, state, start)["--learning_rate"] == "0.01"
     other_data = SimpleNamespace(meta=data.meta, splits={**data.splits, "val": {"tokens": 100, "crc32": 0x4321}})
-    assert train.run_identity(cfg, other_data, state)["the data"] != ours["the data"]
-    wider = SimpleNamespace(**{**vars(state), "model": GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32))})
-    assert train.run_identity(cfg, data, wider)["the model"] != ours["the model"]
-    earlier = SimpleNamespace(**{**vars(state), "iter_num": 10})
-    assert train.run_identity(cfg, data, earlier)["the checkpoint"] == "ckpt.pt at iteration 10 of run 1a2b3c4d"
-    assert train.run_identity(replace(cfg, init_from="scratch"), data, state)["the checkpoint"] == "none (a new run)"
+    assert train.run_identity(cfg, other_data, state, start)["the data"] != ours["the data"]
+    wider = SimpleNamespace(model=GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32)))
+    assert train.run_identity(cfg, data, wider, start)["the model"] != ours["the model"]
+    assert ours["the weights"] == start
+
+
+def test_the_weights_a_run_starts_from_are_compared_by_their_bytes_not_their_path(tmp_path):
+    """build_model's start, which run_identity compares: a resume by its checkpoint's run and iteration, GPT-2's
+    weights by their bytes. Two folders of other weights of one shape (or scratch on one machine) had trained
+    or evaluated a blend of both under FSDP, once init_from's path was no longer compared."""
+    from types import SimpleNamespace
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import train
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=100))
+    hf.save_pretrained(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    with torch.no_grad():
+        hf.transformer.wte.weight.mul_(20)
+    hf.save_pretrained(tmp_path / "other")
+    data = SimpleNamespace(meta={"tokenizer": "gpt2", "vocab_size": 100}, splits={"train": {"largest_id": 99}})
+    cfg = train.TrainConfig(device="cpu", dtype="float32", block_size=16, n_layer=1, n_head=2, n_embd=16)
+    starts = {name: train.build_model(replace(cfg, init_from=str(tmp_path / name)), data, None, two_machines(0))[1]
+              for name in ("a", "copy", "other")}
+    assert starts["a"] == starts["copy"] != starts["other"] and starts["a"].startswith("GPT-2 weights of crc32 ")
+    trained = GPT(GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_embd=16))
+    checkpoint = {"model_config": asdict(trained.config), "model": trained.state_dict(), "iter_num": 20,
+                  "run_id": "1a2b3c4d"}
+    assert train.build_model(replace(cfg, init_from="resume"), data, checkpoint, two_machines(0))[1] == \
+        "ckpt.pt at iteration 20 of run 1a2b3c4d"
+    assert train.build_model(cfg, data, None, two_machines(0))[1] == "new ones, drawn from --seed"
 
 
 def test_a_resume_on_a_machine_without_the_checkpoint_says_to_copy_it_there(tmp_path, monkeypatch):
@@ -271,6 +299,9 @@ def test_a_resume_on_a_machine_without_the_checkpoint_says_to_copy_it_there(tmp_
     assert train.load_resume_point(replace(cfg, init_from="scratch"), two_machines(1)) is None
     with pytest.raises(ValueError, match="holds a trained run"):
         train.load_resume_point(replace(cfg, init_from="scratch"), two_machines(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one machine: every rank finds it, and the line names no rank
+    with pytest.raises(ValueError, match="holds a trained run"):
+        train.load_resume_point(replace(cfg, init_from="scratch"), two_machines(1))
 
 
 def test_ranks_that_do_not_share_what_they_must_say_the_first_difference_and_where(monkeypatch, capsys):
@@ -280,9 +311,9 @@ def test_ranks_that_do_not_share_what_they_must_say_the_first_difference_and_whe
 
     import distributed
     ours = {"--lr": "0.002", "the data": "char tokens: train.bin 900 tokens (crc32 0000abcd)",
-            "the checkpoint": "out/ckpt.pt at iteration 20 (run 1a2b3c4d)"}
+            "the weights": "ckpt.pt at iteration 20 of run 1a2b3c4d"}
     for key, theirs in (("the data", "char tokens: train.bin 900 tokens (crc32 ffff0000)"),
-                        ("the checkpoint", "out/ckpt.pt at iteration 10 (run 5e6f7a8b)")):
+                        ("the weights", "ckpt.pt at iteration 10 of run 5e6f7a8b")):
         monkeypatch.setattr(distributed, "gather", lambda mine: [mine, mine, (None, "b", {**ours, key: theirs})])
         with pytest.raises(SystemExit) as exit:
             distributed.fail_together(None, same=ours)

@@ -909,6 +909,14 @@ def test_a_config_in_a_module_with_postponed_annotations_is_checked_too(tmp_path
         "            check_types(self)\n    return Config\n")
     from local_alias import make
     assert make()(mode="b").mode == "b"
+    # ... and a subclass's own such field leaves the fields it extends checked: TrainConfig's optimizer here
+    (tmp_path / "local_subclass.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
+        "from train import TrainConfig\n\n\ndef make():\n    Schedule = Literal['cos', 'wsd']\n\n    @dataclass\n"
+        "    class Config(TrainConfig):\n        schedule: Schedule = 'cos'\n    return Config\n")
+    from local_subclass import make as make_subclass
+    with pytest.raises(ValueError, match=r"^unknown optimizer 'sgd'; choose one of adamw, muon$"):
+        make_subclass()(optimizer="sgd")
 
 
 def test_a_file_named_as_a_starting_point_is_not_taken_for_it(tmp_path, monkeypatch):

@@ -112,6 +112,8 @@ def test_muon_refuses_a_parameter_that_is_not_a_matrix(shape):
     with pytest.raises(ValueError, match=re.escape(f"Muon takes matrices only, got a parameter of shape {shape}")):
         muon.add_param_group({"params": [torch.nn.Parameter(torch.ones(shape))]})
     assert len(muon.param_groups) == 1
+    with pytest.raises(TypeError, match="ordered collections"):  # torch's own check comes first, as before
+        Muon([{"params": {torch.nn.Parameter(torch.ones(3, 3))}}])
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
