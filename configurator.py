@@ -116,15 +116,23 @@ def check_types(config):
 
 
 def field_types(cls):
-    """{field: its type} for a dataclass and those it extends, where the types can be read: under `from __future__
-    import annotations` they are strings, and a class's that name what is gone since (a type made inside the
-    function that made the class) are left out, its bases' kept."""
+    """{field: its type} for a dataclass and those it extends (typing.get_type_hints: under `from __future__ import
+    annotations` the types are strings). Where a class's types name what is gone since (a type made inside the
+    function that made the class), that class's own fields, and those it redeclares, are left out; its bases'
+    others are kept."""
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:
+        pass
     types = {}
     for klass in reversed(cls.__mro__):
+        own = inspect.get_annotations(klass)
         try:
-            types.update(inspect.get_annotations(klass, eval_str=True))
+            hints = typing.get_type_hints(klass)
+            types.update({name: hints[name] for name in own})
         except NameError:
-            types.update({k: v for k, v in inspect.get_annotations(klass).items() if not isinstance(v, str)})
+            for name in own:
+                types.pop(name, None)
     return types
 
 

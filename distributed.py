@@ -52,8 +52,8 @@ def disagreement(shared, hosts):
         if rank is not None:
             return (f"the processes of this torchrun job differ in {key}: {first} on rank 0 (on {hosts[0]}), "
                     f"{shared[rank].get(key)} on rank {rank} (on {hosts[rank]}); give every machine the same command "
-                    "(with values where auto or 0 lets each machine choose), the same data and the same checkpoint "
-                    "(each machine reads its own copies)")
+                    "(with values where auto or 0 lets each machine choose) and the same files: the data, and the "
+                    "checkpoint or GPT-2 weights it starts from (each machine reads its own copies)")
     return ""
 
 

@@ -252,7 +252,6 @@ def test_what_ranks_must_share_leaves_out_each_machines_own_paths_device_and_thr
     assert train.run_identity(cfg, other_data, state, start)["the data"] != ours["the data"]
     wider = SimpleNamespace(model=GPT(GPTConfig(vocab_size=65, n_layer=1, n_head=2, n_embd=32)))
     assert train.run_identity(cfg, data, wider, start)["the model"] != ours["the model"]
-    assert ours["the weights"] == start
 
 
 def test_the_weights_a_run_starts_from_are_compared_by_their_bytes_not_their_path(tmp_path):

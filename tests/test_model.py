@@ -917,6 +917,29 @@ def test_a_config_in_a_module_with_postponed_annotations_is_checked_too(tmp_path
     from local_subclass import make as make_subclass
     with pytest.raises(ValueError, match=r"^unknown optimizer 'sgd'; choose one of adamw, muon$"):
         make_subclass()(optimizer="sgd")
+    # ... but not a field such a subclass declares again with a type of its own: that type is the field's now
+    (tmp_path / "local_fork.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
+        "from train import TrainConfig\n\n\ndef make():\n    Opt = Literal['adamw', 'muon', 'sgd']\n\n"
+        "    @dataclass\n    class Config(TrainConfig):\n        optimizer: Opt = 'sgd'\n    return Config\n")
+    from local_fork import make as make_fork
+    assert make_fork()().optimizer == "sgd"
+
+
+def test_a_literal_inside_optional_or_annotated_or_a_forward_reference_is_checked(tmp_path, monkeypatch):
+    """typing.get_type_hints reads the Literal inside Optional["Mode"] and Annotated[...]: a reading of the
+    annotations that stopped at the top level let both take any value."""
+    (tmp_path / "nested.py").write_text(
+        "from dataclasses import dataclass\nfrom typing import Annotated, Literal, Optional\n"
+        "from configurator import check_types\n\nMode = Literal['a', 'b']\n\n\n@dataclass\nclass Config:\n"
+        "    mode: Optional['Mode'] = None\n    kind: Annotated[Literal['x', 'y'], 'the kind'] = 'x'\n\n"
+        "    def __post_init__(self):\n        check_types(self)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from nested import Config
+    with pytest.raises(ValueError, match=r"^unknown mode 'zzz'; choose one of a, b$"):
+        Config(mode="zzz")
+    with pytest.raises(ValueError, match=r"^unknown kind 'zzz'; choose one of x, y$"):
+        Config(kind="zzz")
 
 
 def test_a_file_named_as_a_starting_point_is_not_taken_for_it(tmp_path, monkeypatch):

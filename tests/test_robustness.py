@@ -775,7 +775,8 @@ def test_ranks_started_with_different_settings_stop_with_one_line_before_trainin
     assert proc.returncode != 0 and said[0] == [
         f"error: the processes of this torchrun job differ in --eval_interval: 100000 on rank 0 (on {host}), 5 on "
         f"rank 1 (on {host}); give every machine the same command (with values where auto or 0 lets each machine "
-        "choose), the same data and the same checkpoint (each machine reads its own copies)"] and said[1] == [], said
+        "choose) and the same files: the data, and the checkpoint or GPT-2 weights it starts from (each machine reads "
+        "its own copies)"] and said[1] == [], said
     assert not (tmp_path / "out").exists()
 
 
