@@ -888,54 +888,56 @@ def test_script_configs_refuse_a_choice_they_do_not_have(script, setting, value)
         cls(**{setting: value})
 
 
+def written_module(tmp_path, monkeypatch, name, source):
+    """The module `name`, its source written into tmp_path and imported from there."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
 def test_a_config_in_a_module_with_postponed_annotations_is_checked_too(tmp_path, monkeypatch):
     """`from __future__ import annotations` makes every field's type a string: check_types read the strings and
     let a forker's Config(steps="x", mode="zzz") through."""
-    (tmp_path / "postponed.py").write_text(
-        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
-        "from configurator import check_types\n\n\n@dataclass\nclass Config:\n    steps: int = 1\n"
-        "    mode: Literal['a', 'b'] = 'a'\n\n    def __post_init__(self):\n        check_types(self)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from postponed import Config
+    header = "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
+    Config = written_module(tmp_path, monkeypatch, "postponed", header +
+                            "from configurator import check_types\n\n\n@dataclass\nclass Config:\n"
+                            "    steps: int = 1\n    mode: Literal['a', 'b'] = 'a'\n\n"
+                            "    def __post_init__(self):\n        check_types(self)\n").Config
     with pytest.raises(ValueError, match=r"^steps must be int, got 'x'$"):
         Config(steps="x")
     with pytest.raises(ValueError, match=r"^unknown mode 'zzz'; choose one of a, b$"):
         Config(mode="zzz")
     # a type named inside the function that made the class cannot be read back: unchecked, as before, not a NameError
-    (tmp_path / "local_alias.py").write_text(
-        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
-        "from configurator import check_types\n\n\ndef make():\n    Mode = Literal['a', 'b']\n\n    @dataclass\n"
-        "    class Config:\n        mode: Mode = 'a'\n\n        def __post_init__(self):\n"
-        "            check_types(self)\n    return Config\n")
-    from local_alias import make
+    make = written_module(tmp_path, monkeypatch, "local_alias", header +
+                          "from configurator import check_types\n\n\ndef make():\n    Mode = Literal['a', 'b']\n\n"
+                          "    @dataclass\n    class Config:\n        mode: Mode = 'a'\n\n"
+                          "        def __post_init__(self):\n            check_types(self)\n    return Config\n").make
     assert make()(mode="b").mode == "b"
     # ... and a subclass's own such field leaves the fields it extends checked: TrainConfig's optimizer here
-    (tmp_path / "local_subclass.py").write_text(
-        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
-        "from train import TrainConfig\n\n\ndef make():\n    Schedule = Literal['cos', 'wsd']\n\n    @dataclass\n"
-        "    class Config(TrainConfig):\n        schedule: Schedule = 'cos'\n    return Config\n")
-    from local_subclass import make as make_subclass
+    make = written_module(tmp_path, monkeypatch, "local_subclass", header +
+                          "from train import TrainConfig\n\n\ndef make():\n    Schedule = Literal['cos', 'wsd']\n\n"
+                          "    @dataclass\n    class Config(TrainConfig):\n        schedule: Schedule = 'cos'\n"
+                          "    return Config\n").make
     with pytest.raises(ValueError, match=r"^unknown optimizer 'sgd'; choose one of adamw, muon$"):
-        make_subclass()(optimizer="sgd")
+        make()(optimizer="sgd")
     # ... but not a field such a subclass declares again with a type of its own: that type is the field's now
-    (tmp_path / "local_fork.py").write_text(
-        "from __future__ import annotations\nfrom dataclasses import dataclass\nfrom typing import Literal\n"
-        "from train import TrainConfig\n\n\ndef make():\n    Opt = Literal['adamw', 'muon', 'sgd']\n\n"
-        "    @dataclass\n    class Config(TrainConfig):\n        optimizer: Opt = 'sgd'\n    return Config\n")
-    from local_fork import make as make_fork
-    assert make_fork()().optimizer == "sgd"
+    make = written_module(tmp_path, monkeypatch, "local_fork", header +
+                          "from train import TrainConfig\n\n\ndef make():\n"
+                          "    Opt = Literal['adamw', 'muon', 'sgd']\n\n"
+                          "    @dataclass\n    class Config(TrainConfig):\n        optimizer: Opt = 'sgd'\n"
+                          "    return Config\n").make
+    assert make()().optimizer == "sgd"
 
 
 def test_a_literal_inside_optional_or_annotated_or_a_forward_reference_is_checked(tmp_path, monkeypatch):
     """typing.get_type_hints reads the Literal inside Optional["Mode"] and Annotated[...]: a reading of the
     annotations that stopped at the top level let both take any value."""
-    (tmp_path / "nested.py").write_text(
-        "from dataclasses import dataclass\nfrom typing import Annotated, Literal, Optional\n"
-        "from configurator import check_types\n\nMode = Literal['a', 'b']\n\n\n@dataclass\nclass Config:\n"
-        "    mode: Optional['Mode'] = None\n    kind: Annotated[Literal['x', 'y'], 'the kind'] = 'x'\n\n"
-        "    def __post_init__(self):\n        check_types(self)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    from nested import Config
+    Config = written_module(tmp_path, monkeypatch, "nested",
+                            "from dataclasses import dataclass\nfrom typing import Annotated, Literal, Optional\n"
+                            "from configurator import check_types\n\nMode = Literal['a', 'b']\n\n\n@dataclass\n"
+                            "class Config:\n    mode: Optional['Mode'] = None\n"
+                            "    kind: Annotated[Literal['x', 'y'], 'the kind'] = 'x'\n\n"
+                            "    def __post_init__(self):\n        check_types(self)\n").Config
     with pytest.raises(ValueError, match=r"^unknown mode 'zzz'; choose one of a, b$"):
         Config(mode="zzz")
     with pytest.raises(ValueError, match=r"^unknown kind 'zzz'; choose one of x, y$"):
