@@ -27,10 +27,9 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+# torch's checkpoint and FSDP modules are imported where a save, a resume or FSDP uses them: they bring DTensor and
+# sympy, ~0.8 s of CPU that `--help`, a bad setting's one line and a run up to its first save need not wait for
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from tqdm.auto import tqdm
@@ -307,8 +306,11 @@ class Setup:
     def __post_init__(self):
         self.master = self.rank == 0  # rank 0 prints and writes
         self.device_type = device_type_of(self.device)
-        # checkpoints hold whole (unsharded) tensors, with or without FSDP
-        self.state_options = StateDictOptions(full_state_dict=self.fsdp, cpu_offload=self.fsdp)
+
+    def state_options(self, **changes):
+        """How a checkpoint holds the model and optimizer state: whole (unsharded) tensors, with or without FSDP."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+        return StateDictOptions(full_state_dict=self.fsdp, cpu_offload=self.fsdp, **changes)
 
     def autocast(self):
         return autocast(self.device_type, self.dtype)
@@ -586,6 +588,7 @@ def new_train_state(cfg, setup, model, train_tokens):
     if setup.fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are split across ranks
         # over the training device's ranks: fully_shard's own default mesh is the machine's accelerator,
         # a GPU even where --device=cpu trains on gloo
+        from torch.distributed.fsdp import fully_shard
         mesh = init_device_mesh(setup.device_type, (setup.world_size,))
         for block in model.transformer.h:
             fully_shard(block, mesh=mesh)
@@ -642,6 +645,7 @@ class TrainState:
 def load_training_state(state, checkpoint, path, setup):
     """The optimizers' state (their rates, decay and betas stay this run's settings), the scaler's and every
     RNG's, from checkpoint into state. Returns the parameters it holds no optimizer state for."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
     if state.scaler.is_enabled() and not checkpoint["scaler"]:  # a scaler that was off saved nothing
         raise ValueError(f"{path} was trained in bf16 or fp32, without fp16's loss scaling; resume in the "
                          "dtype it was trained in (--dtype=bfloat16 or --dtype=float32)")
@@ -652,7 +656,7 @@ def load_training_state(state, checkpoint, path, setup):
         stateless = [name for name, p in state.model.named_parameters()
                      if p.requires_grad and name not in checkpoint["optimizer"]["state"]]
         set_optimizer_state_dict(state.model, state.optimizers, checkpoint["optimizer"],
-                                 options=replace(setup.state_options, strict=False))
+                                 options=setup.state_options(strict=False))
         for optimizer, groups in zip(state.optimizers, settings):  # loading put back the first run's
             for group, setting in zip(optimizer.param_groups, groups):
                 group.update(setting)
@@ -959,8 +963,9 @@ def save(state, cfg, data, setup, reason, final=False):
     """Every rank takes part (FSDP gathers the shards); rank 0 writes, and every rank learns whether it
     could (the return value). A failed write (a full disk, say) leaves the previous checkpoint as it was;
     training goes on unless it was the last."""
-    model_state = get_model_state_dict(state.model, options=setup.state_options)
-    optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    model_state = get_model_state_dict(state.model, options=setup.state_options())
+    optimizer_state = get_optimizer_state_dict(state.model, state.optimizers, options=setup.state_options())
     torch_states = gather(torch_rng_state(setup.device_type))  # each rank's dropout generators
     path, problem, fix = ckpt_path(cfg.out_dir), None, ""
     # a step can blow the weights up while its loss was still finite: such weights never replace a checkpoint
