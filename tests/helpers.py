@@ -31,10 +31,13 @@ def check_ok(proc):
 
 
 def torchrun(*args, nproc=2, timeout=240):
-    """stdout of `torchrun --standalone --nproc_per_node=NPROC ARGS`, run in the repository, which must succeed."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    return check_ok(subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True,
-                                   timeout=timeout)).stdout
+    """stdout of `torchrun --standalone --nproc_per_node=NPROC ARGS`, run in the repository, which must succeed.
+    Its log folder is a temporary one of the test's: torchrun's own default is a new folder in /tmp, left there."""
+    with tempfile.TemporaryDirectory() as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               f"--log-dir={logs}", *args]
+        return check_ok(subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True,
+                                       timeout=timeout)).stdout
 
 
 def rank_weights(out_dir, nproc=2):
