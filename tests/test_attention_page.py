@@ -6,6 +6,7 @@ with every later token masked and every token before its window out of sight. Sk
 Chromium is installed; .ci/run installs it."""
 import importlib.util
 import math
+import os
 import shutil
 
 import pytest
@@ -26,7 +27,8 @@ PROMPT = "First Citizen:"
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
+    """Headless Chromium, its temporary files in a folder of the tests' (it leaves one in /tmp each start)."""
     from selenium import webdriver
     options = webdriver.ChromeOptions()
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
@@ -35,7 +37,8 @@ def browser():
         options.add_argument(flag)
     options.binary_location = CHROMIUM
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(DRIVER), options=options)
+    service = webdriver.ChromeService(DRIVER, env={**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("chromium"))})
+    driver = webdriver.Chrome(service=service, options=options)
     yield driver
     driver.quit()
 
