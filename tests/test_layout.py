@@ -106,7 +106,7 @@ def test_preparing_data_and_reading_settings_need_neither_torch_nor_the_model():
 
 def test_the_scripts_start_without_torchs_checkpoint_and_fsdp_modules():
     """train.py and sample.py import torch's checkpoint and FSDP modules where a save, a resume or FSDP uses them:
-    with DTensor and sympy they cost most of a second of every start, `--help` and a bad setting's line included."""
+    with DTensor and sympy they cost most of a second, which `--help` and a bad setting's line need not wait for."""
     heavy = ["torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor", "sympy"]
     run_python(f"import sys, train, sample\nheavy = {heavy!r}\n"
                "assert not set(heavy) & set(sys.modules), sorted(set(heavy) & set(sys.modules))\n")
