@@ -193,11 +193,15 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
     passed ("" if nothing did). chosen_here: the RESOLVED_SETTINGS that cfg holds as this machine resolved
     their defaults (dtype=auto, say): the note says how to keep the checkpoint's, as it does for a default."""
     check_resume_fields(checkpoint, path)
-    saved, defaults = checkpoint["config"], type(cfg)()
-    if saved.get("optimizer", defaults.optimizer) != cfg.optimizer:
-        was = saved.get("optimizer", defaults.optimizer)
-        raise ValueError(f"{path} was trained with optimizer={was} (now {cfg.optimizer}); its optimizer state fits "
-                         f"only that one: resume with --optimizer={was} (or the config file the run was started with)")
+    saved, defaults, optimizer = checkpoint["config"], type(cfg)(), trained_optimizer(checkpoint)
+    if optimizer != cfg.optimizer:
+        raise ValueError(f"{path} was trained with optimizer={optimizer} (now {cfg.optimizer}); its optimizer state "
+                         f"fits only that one: resume with --optimizer={optimizer} (or the config file the run was "
+                         "started with)")
+    if not cfg.eval_only and keyed_by_position(checkpoint["optimizer"]):
+        raise ValueError(f"{path} names the parameters in its optimizer state by position, as this code's first "
+                         "version saved it, not by name: resume cannot match that state to the model; evaluate it "
+                         "(--eval_only=true) or sample from it (sample.py), or train it on with the code that wrote it")
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
     model = checkpoint["model_config"]
@@ -265,6 +269,21 @@ def other_tokens(before, now):
 def token_count(record):
     """A token file's length as meta.json's record of it says, in words ("?" where a damaged one does not)."""
     return f"{record['tokens']:,}" if isinstance(record, dict) and whole_number(record.get("tokens")) else "?"
+
+
+def trained_optimizer(checkpoint):
+    """The optimizer the checkpoint's run trained with: AdamW where its config does not say, the only one
+    its code had before the setting came (TrainConfig's default may differ)."""
+    return checkpoint["config"].get("optimizer", "adamw")
+
+
+def keyed_by_position(optimizer_state):
+    """Whether an optimizer state names its parameters by position (torch's Optimizer.state_dict, which this
+    code's first version saved) rather than by name (torch.distributed.checkpoint's, since)."""
+    state, groups = optimizer_state["state"], optimizer_state["param_groups"]
+    groups = [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+    names = [*(state if isinstance(state, dict) else ()), *(p for g in groups for p in g.get("params", ()))]
+    return any(isinstance(name, int) for name in names)
 
 
 def trained_settings(checkpoint):

@@ -39,7 +39,7 @@ from attention import check_backend
 from checkpoint import (OUT_DIR, RESOLVED_SETTINGS, check_not_an_out_dir, check_out_dir, check_resumable,
                         check_resume_fields, ckpt_path, claim_out_dir, load_checkpoint, model_from_checkpoint,
                         resume_elsewhere, rng_state, save_checkpoint, saved_ranks, set_rng_state, smallest_checkpoint,
-                        torch_rng_state, trained_settings, unlock_out_dir)
+                        torch_rng_state, trained_optimizer, trained_settings, unlock_out_dir)
 from configurator import (as_typed, check_at_least, check_folders_named, check_positive, check_types, config_from_argv,
                           expand_home, fail, first_line, run_command, takes_type, under_torchrun)
 from data.loader import Batches, DamagedTokens, load_meta, open_split, tokenizer_meta
@@ -489,7 +489,7 @@ def as_run(cfg, setup, checkpoint):
         except ValueError as e:  # a value this code no longer has (an activation it dropped, say)
             raise ValueError(f"{ckpt_path(cfg.out_dir)} was trained with a setting this code does not take ({e}); "
                              "resume it with the code that wrote it, or start a new run") from None
-        trained_with = checkpoint["config"].get("optimizer", default.optimizer)
+        trained_with = trained_optimizer(checkpoint)
         if cfg.eval_only and trained_with in get_args(Optimizer):  # else check_resumable names it
             cfg = replace(cfg, optimizer=trained_with)
         model = checkpoint["model_config"]  # vocab_size as set: 0 is the data's, whatever the model's vocabulary

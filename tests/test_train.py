@@ -185,6 +185,46 @@ def test_a_parameter_that_never_had_a_gradient_resumes(tmp_path, data_dir, launc
     assert "holds no optimizer state for transformer.ln_f.weight (no gradient reached them" in resumed.stdout
 
 
+def test_a_checkpoint_from_before_the_optimizer_setting_resumes_as_the_adamw_run_it_was(tmp_path, data_dir, launch):
+    """A checkpoint whose config names no optimizer was trained with AdamW, the only one its code had: it was
+    read as Muon, today's default, so a plain resume trained on under Muon (its AdamW state for the matrices
+    dropped) and --optimizer=adamw was refused as not the run's."""
+    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=4", "--init_from=resume"]
+    check_ok(launch("train.py", *common[:-2], "--max_iters=2", "--optimizer=adamw"))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    del checkpoint["config"]["optimizer"]
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    plain = launch("train.py", *common)
+    assert plain.returncode == 2 and "was trained with optimizer=adamw (now muon)" in plain.stderr, plain.stderr
+    check_ok(launch("train.py", *common, "--optimizer=adamw"))
+    resumed = load(tmp_path / "ckpt.pt")
+    assert resumed["iter_num"] == 4 and resumed["config"]["optimizer"] == "adamw"
+    assert all("exp_avg" in s and "momentum_buffer" not in s for s in resumed["optimizer"]["state"].values())
+
+
+def test_an_optimizer_state_named_by_position_is_one_line_and_the_checkpoint_still_evaluates(tmp_path, data_dir,
+                                                                                             launch):
+    """This code's first version saved torch's Optimizer.state_dict, which names the parameters by position:
+    resume found state for none of them in it and trained on (its note blaming gradients that never came), or
+    crashed inside torch as it loaded the state, or called the file damaged and offered to overwrite it. One line
+    now, before anything is written; --eval_only=true, which needs no optimizer state, scores it."""
+    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--optimizer=adamw", "--init_from=resume"]
+    check_ok(launch("train.py", *common[:-1], "--max_iters=2"))
+    checkpoint = load(tmp_path / "ckpt.pt")
+    optimizer = checkpoint["optimizer"]
+    position = {name: i for i, name in enumerate(n for group in optimizer["param_groups"] for n in group["params"])}
+    optimizer["state"] = {position[name]: state for name, state in optimizer["state"].items()}
+    for group in optimizer["param_groups"]:
+        group["params"] = [position[name] for name in group["params"]]
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    refused = launch("train.py", *common, "--max_iters=4")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "names the parameters in its optimizer state by position" in refused.stderr, refused.stderr
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert "val loss" in check_ok(launch("train.py", *common, "--eval_only=true")).stdout
+
+
 def test_a_resumed_run_trains_with_its_own_rates_decay_and_betas(tmp_path, data_dir, launch):
     """Loading the optimizers' state puts back the first run's settings with it; a resumed run that
     changes them trains with the new ones, as its note says."""
