@@ -28,7 +28,7 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 import numpy as np
 import torch
 # torch's checkpoint and FSDP modules are imported where a save, a resume or FSDP uses them: they bring DTensor and
-# sympy, ~0.8 s of CPU that `--help` and a bad setting's one line need not wait for (a run that trains loads most of
+# sympy, 0.7-0.8 s of CPU that `--help` and a bad setting's one line need not wait for (a run that trains loads most of
 # it anyway, with torch._dynamo: torch.compile and check_model_fits' meta-device model import that)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel

@@ -151,8 +151,8 @@ for line in sys.stdin:
 
 
 # what the scripts import inside a function, at a cost each child would pay again: the loss picture's
-# matplotlib (~0.5 s), torch._dynamo (~0.3 s more; train.check_model_fits' meta-device model imports it),
-# GPT-2's weights and tokenizer, and the checkpoint module every save uses (~0.8 s, with FSDP's)
+# matplotlib (~0.5 s), torch._dynamo (~1.2 s, with sympy: torch.compile and train.check_model_fits' meta-device
+# model import it), GPT-2's weights and tokenizer, and torch's checkpoint and FSDP modules (little more after it)
 LAZY_IMPORTS = ["matplotlib.pyplot", "torch._dynamo", "safetensors.torch", "tiktoken",
                 "torch.distributed.checkpoint.state_dict", "torch.distributed.fsdp"]
 
