@@ -729,8 +729,8 @@ def test_under_torchrun_bad_input_is_said_once(tmp_path, data_dir):
     """Every rank finds --batch_size=0 bad; the terminal shows the line once, not once per rank (torchrun's
     own report of a failed worker follows it: the launcher's, not train.py's)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"--log-dir={tmp_path / 'logs'}", "train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}",
-           "--batch_size=0"]
+           f"--log-dir={tmp_path / 'logs'}", "train.py", *TINY, f"--data_dir={data_dir}",
+           f"--out_dir={tmp_path / 'out'}", "--batch_size=0"]
     proc = subprocess.run(cmd, cwd=ROOT, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "exitcode: 2" in proc.stderr, proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error: " in line] == [
