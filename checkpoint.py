@@ -193,15 +193,17 @@ def check_resumable(checkpoint, path, cfg, meta, splits=None, chosen_here=()):
     passed ("" if nothing did). chosen_here: the RESOLVED_SETTINGS that cfg holds as this machine resolved
     their defaults (dtype=auto, say): the note says how to keep the checkpoint's, as it does for a default."""
     check_resume_fields(checkpoint, path)
-    saved, defaults, optimizer = checkpoint["config"], type(cfg)(), trained_optimizer(checkpoint)
-    if optimizer != cfg.optimizer:
-        raise ValueError(f"{path} was trained with optimizer={optimizer} (now {cfg.optimizer}); its optimizer state "
-                         f"fits only that one: resume with --optimizer={optimizer} (or the config file the run was "
-                         "started with)")
+    defaults, optimizer = type(cfg)(), trained_optimizer(checkpoint)
+    saved = {**checkpoint["config"], "optimizer": optimizer}
+    # an evaluation reads no optimizer state: these two concern a run that trains on
     if not cfg.eval_only and keyed_by_position(checkpoint["optimizer"]):
         raise ValueError(f"{path} names the parameters in its optimizer state by position, as this code's first "
                          "version saved it, not by name: resume cannot match that state to the model; evaluate it "
                          "(--eval_only=true) or sample from it (sample.py), or train it on with the code that wrote it")
+    if not cfg.eval_only and optimizer != cfg.optimizer:
+        raise ValueError(f"{path} was trained with optimizer={optimizer} (now {cfg.optimizer}); its optimizer state "
+                         f"fits only that one: resume with --optimizer={optimizer} (or the config file the run was "
+                         "started with)")
     # (vocab_size, 0 meaning the data's, is compared below: as set, or as the vocabulary it resolves to)
     before = {k: v for k, v in trained_settings(checkpoint).items() if k != "vocab_size"}
     model = checkpoint["model_config"]
@@ -281,9 +283,10 @@ def keyed_by_position(optimizer_state):
     """Whether an optimizer state names its parameters by position (torch's Optimizer.state_dict, which this
     code's first version saved) rather than by name (torch.distributed.checkpoint's, since)."""
     state, groups = optimizer_state["state"], optimizer_state["param_groups"]
-    groups = [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
-    names = [*(state if isinstance(state, dict) else ()), *(p for g in groups for p in g.get("params", ()))]
-    return any(isinstance(name, int) for name in names)
+    params = [g["params"] for g in (groups if isinstance(groups, list) else ())
+              if isinstance(g, dict) and isinstance(g.get("params"), list)]
+    names = [*(state if isinstance(state, dict) else ()), *(p for group in params for p in group)]
+    return any(type(name) is int for name in names)  # not a bool: a damaged file's, not a position
 
 
 def trained_settings(checkpoint):

@@ -1851,6 +1851,9 @@ CASES = [
     Case("resume-optimizer-state-of-another-model", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "optimizer", {"state": {}, "param_groups": []}))),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run (--overwrite=true replaces it)"]),
+    Case("resume-optimizer-groups-params-none", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: [_set(group, "params", None) for group in ck["optimizer"]["param_groups"]])),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
     Case("resume-config-a-list", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "config", []))), lambda c: ["config is list"]),
     Case("resume-model_config-without-vocab_size", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(

@@ -188,7 +188,7 @@ def test_a_parameter_that_never_had_a_gradient_resumes(tmp_path, data_dir, launc
 def test_a_checkpoint_from_before_the_optimizer_setting_resumes_as_the_adamw_run_it_was(tmp_path, data_dir, launch):
     """A checkpoint whose config names no optimizer was trained with AdamW, the only one its code had: it was
     read as Muon, today's default, so a plain resume trained on under Muon (its AdamW state for the matrices
-    dropped) and --optimizer=adamw was refused as not the run's."""
+    dropped) and --optimizer=adamw was refused as not the run's; taken, it is no change to note."""
     common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--max_iters=4", "--init_from=resume"]
     check_ok(launch("train.py", *common[:-2], "--max_iters=2", "--optimizer=adamw"))
     checkpoint = load(tmp_path / "ckpt.pt")
@@ -196,7 +196,8 @@ def test_a_checkpoint_from_before_the_optimizer_setting_resumes_as_the_adamw_run
     torch.save(checkpoint, tmp_path / "ckpt.pt")
     plain = launch("train.py", *common)
     assert plain.returncode == 2 and "was trained with optimizer=adamw (now muon)" in plain.stderr, plain.stderr
-    check_ok(launch("train.py", *common, "--optimizer=adamw"))
+    note = check_ok(launch("train.py", *common, "--optimizer=adamw")).stdout
+    assert "max_iters 2 -> 4" in note and "optimizer" not in note, note
     resumed = load(tmp_path / "ckpt.pt")
     assert resumed["iter_num"] == 4 and resumed["config"]["optimizer"] == "adamw"
     assert all("exp_avg" in s and "momentum_buffer" not in s for s in resumed["optimizer"]["state"].values())
@@ -207,10 +208,12 @@ def test_an_optimizer_state_named_by_position_is_one_line_and_the_checkpoint_sti
     """This code's first version saved torch's Optimizer.state_dict, which names the parameters by position:
     resume found state for none of them in it and trained on (its note blaming gradients that never came), or
     crashed inside torch as it loaded the state, or called the file damaged and offered to overwrite it. One line
-    now, before anything is written; --eval_only=true, which needs no optimizer state, scores it."""
-    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--optimizer=adamw", "--init_from=resume"]
-    check_ok(launch("train.py", *common[:-1], "--max_iters=2"))
+    now, before anything is written, and at once: that version's config names no optimizer, and the line that
+    asks for --optimizer=adamw came first. --eval_only=true, which needs no optimizer state, scores it."""
+    common = [*TINY, f"--data_dir={data_dir}", f"--out_dir={tmp_path}", "--init_from=resume"]
+    check_ok(launch("train.py", *common[:-1], "--max_iters=2", "--optimizer=adamw"))
     checkpoint = load(tmp_path / "ckpt.pt")
+    del checkpoint["config"]["optimizer"]
     optimizer = checkpoint["optimizer"]
     position = {name: i for i, name in enumerate(n for group in optimizer["param_groups"] for n in group["params"])}
     optimizer["state"] = {position[name]: state for name, state in optimizer["state"].items()}
