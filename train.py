@@ -490,7 +490,10 @@ def as_run(cfg, setup, checkpoint):
             raise ValueError(f"{ckpt_path(cfg.out_dir)} was trained with a setting this code does not take ({e}); "
                              "resume it with the code that wrote it, or start a new run") from None
         trained_with = trained_optimizer(checkpoint)
-        if cfg.eval_only and trained_with in get_args(Optimizer):  # else check_resumable names it
+        if trained_with not in get_args(Optimizer) and not cfg.eval_only:  # an evaluation reads no optimizer state
+            raise ValueError(f"{ckpt_path(cfg.out_dir)} was trained with optimizer={trained_with!r}, which this code "
+                             "does not have; resume it with the code that wrote it, or start a new run")
+        if cfg.eval_only and trained_with in get_args(Optimizer):
             cfg = replace(cfg, optimizer=trained_with)
         model = checkpoint["model_config"]  # vocab_size as set: 0 is the data's, whatever the model's vocabulary
         taken = {k: v if k == "vocab_size" else model.get(k, v) for k, v in taken.items()}

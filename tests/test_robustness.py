@@ -1851,6 +1851,10 @@ CASES = [
     Case("resume-optimizer-state-of-another-model", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: _set(ck, "optimizer", {"state": {}, "param_groups": []}))),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged", "start a new run (--overwrite=true replaces it)"]),
+    Case("resume-optimizer-this-code-lacks", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
+        lambda ck: _set(ck["config"], "optimizer", "lion"))),
+         lambda c: [str(c.dir / "out" / "ckpt.pt"), "optimizer='lion', which this code does not have",
+                    "resume it with the code that wrote it"]),
     Case("resume-optimizer-groups-params-none", lambda c: train_args(c, "--init_from=resume", out=c.ckpt_with(
         lambda ck: [_set(group, "params", None) for group in ck["optimizer"]["param_groups"]])),
          lambda c: [str(c.dir / "out" / "ckpt.pt"), "is damaged"]),
